@@ -1,0 +1,48 @@
+// CacheMiss: the explicit, benign "state is gone, re-prefill from token zero"
+// answer. A value, not an exception, wherever the reference returns one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "util/error.h"
+
+namespace meshnet::kv {
+
+enum class CacheMissReason {
+  kUnknownSession,
+  kEvictedTtl,
+  kEvictedLru,
+  kReleased,
+  kSupersededEpoch,
+  kSeqLenMismatch,
+};
+inline constexpr int kNumCacheMissReasons = 6;
+
+// "unknown-session", "evicted-ttl", "evicted-lru", "released",
+// "superseded-epoch", "seq-len-mismatch".
+std::string_view CacheMissReasonName(CacheMissReason r);
+
+struct CacheMiss {
+  std::string session_id;
+  int64_t route_epoch = 0;
+  CacheMissReason reason = CacheMissReason::kUnknownSession;
+  std::string detail;
+  // "cache miss for session <first 8 chars> epoch E (reason)[: detail]"
+  std::string ToString() const;
+};
+
+// Thrown by the strict accessors (Get, Append) where the reference raises
+// KvCacheMissError.
+class CacheMissError : public Error {
+ public:
+  explicit CacheMissError(CacheMiss miss)
+      : Error(ErrorKind::kCacheMiss, miss.ToString()), miss_(std::move(miss)) {}
+  const CacheMiss& miss() const { return miss_; }
+
+ private:
+  CacheMiss miss_;
+};
+
+}  // namespace meshnet::kv

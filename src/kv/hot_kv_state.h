@@ -1,0 +1,246 @@
+// HotKvStateManager: the bounded, isolated map (session id, route epoch) ->
+// paged KV context of a shard's owned layers. The C++ port of the reference
+// `meshnet_node/hot_kv_state.py`, behaviour for behaviour, plus:
+//
+//  * paged storage: a block pool of `block_tokens`-position blocks and a block
+//    table per session; appends copy only new rows, truncate frees whole
+//    blocks, nothing is re-copied as a sequence grows;
+//  * a reserve / write / commit step that lets a computation write new K/V in
+//    place while it attends; a failed (uncommitted) step rolls back;
+//  * pinning: SessionHandle and KvStep pin a session. Eviction, TTL, release
+//    and supersession mark a pinned session dead; its blocks return to the pool
+//    when the last pin goes. A second concurrent step on one session is refused
+//    (Error kSessionBusy);
+//  * O(1) LRU/TTL eviction, incremental byte totals, a bounded latest-epoch map
+//    and a bounded miss history.
+//
+// Order of checks. Every reference operation checks in the reference's order
+// (see ../../../shared/spec/kv-trace.md), so the same error wins.
+//
+// Byte accounting. The budget counts bytes actually reserved:
+// blocks * block_tokens * BytesPerToken(). With block_tokens == 1 this equals
+// the reference's seq_len * bytes_per_token.
+//
+// Eviction under pressure (session cap or byte budget) picks the least
+// recently used session that is not this request's own and is not pinned by
+// an in-flight step: evicting a pinned session would free nothing until the
+// step ends. If no such victim exists the cap may be exceeded by in-flight
+// sessions only, and a reservation that cannot fit fails with kBudgetExceeded.
+//
+// Thread-safety: every method is thread-safe. One mutex guards the maps and
+// lists; no lock is held while a caller computes with a KvStep or reads through
+// a SessionHandle. Contents of a session may be read through a SessionHandle
+// only while no step is in flight on that session (the step owner has
+// exclusive write access to its reserved rows).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kv/cache_miss.h"
+#include "kv/recipe.h"
+#include "ops/paged_kv.h"
+#include "util/clock.h"
+
+namespace meshnet::kv {
+
+struct HotKvStateConfig {
+  int64_t budget_bytes = 64LL << 20;
+  int64_t max_sessions = 8;
+  double ttl_seconds = 600.0;  // 0 disables TTL
+  int64_t miss_history = 256;
+  int block_tokens = 16;       // 1 gives the reference's exact byte accounting
+  // How many session ids whose state is gone still remember their latest epoch
+  // (for stale-epoch checks). Ids with live state are always remembered.
+  int64_t epoch_history = 1 << 16;
+
+  // Reference checks (budget > 0, max_sessions >= 1, ttl >= 0, miss_history >= 0)
+  // plus block_tokens >= 1 and epoch_history >= 0. Throws kInvalidArgument.
+  void Validate() const;
+};
+
+// Counters and gauges for metrics. All gauges are exact at the moment of the
+// snapshot; counters are monotonic over the manager's life.
+struct HotKvStats {
+  int64_t live_sessions = 0;
+  int64_t pinned_sessions = 0;     // live or dead sessions with pins
+  int64_t bytes_in_use = 0;        // sum(seq_len) * bytes_per_token over live sessions
+  int64_t bytes_reserved = 0;      // blocks held (live + dead-but-pinned) * block bytes
+  int64_t bytes_budget = 0;
+  int64_t blocks_used = 0;
+  int64_t blocks_free = 0;         // allocated from the OS, on the free list
+  int64_t blocks_capacity = 0;     // budget / block bytes
+  int64_t hits = 0;                // lookups (resolve/get/step/append/truncate) finding live state
+  int64_t misses[kNumCacheMissReasons] = {};     // misses answered, by reason
+  int64_t evictions[kNumCacheMissReasons] = {};  // sessions dropped, by reason
+  int64_t remembered_epochs = 0;   // size of the latest-epoch map
+  int64_t remembered_misses = 0;   // size of the miss history
+};
+
+// One owned layer's new K/V for Append (reference: kv_by_layer[layer] = (k, v)).
+// keys/values are row-major (n_tokens, n_kv_heads, head_dim) in float32 and are
+// rounded to the recipe's kv dtype.
+struct LayerKv {
+  int layer = 0;
+  int64_t n_tokens = 0;
+  std::span<const float> keys;
+  std::span<const float> values;
+};
+
+class HotKvStateManager;
+struct SessionEntry;  // private to hot_kv_state.cc
+
+// A pin on one session's context. Move-only. While held, the session's blocks
+// stay allocated even if it is evicted, released or superseded (alive() turns
+// false). Must not outlive its manager.
+class SessionHandle {
+ public:
+  SessionHandle() = default;
+  SessionHandle(SessionHandle&& other) noexcept;
+  SessionHandle& operator=(SessionHandle&& other) noexcept;
+  SessionHandle(const SessionHandle&) = delete;
+  SessionHandle& operator=(const SessionHandle&) = delete;
+  ~SessionHandle();
+
+  bool valid() const { return entry_ != nullptr; }
+  const std::string& session_id() const;
+  int64_t route_epoch() const;
+  int64_t seq_len() const;  // committed positions
+  bool alive() const;       // still in the store
+  // A read view of owned layer `layer` (absolute index) over [0, seq_len).
+  ops::PagedKvLayer Layer(int layer) const;
+  // Committed K or V of `layer` widened to float32, (seq_len, heads, dim).
+  std::vector<float> ReadKeys(int layer) const;
+  std::vector<float> ReadValues(int layer) const;
+
+ private:
+  friend class HotKvStateManager;
+  SessionHandle(HotKvStateManager* m, SessionEntry* e) : manager_(m), entry_(e) {}
+  HotKvStateManager* manager_ = nullptr;
+  SessionEntry* entry_ = nullptr;
+};
+
+// An exclusive, in-flight step that reserved rows [start_pos, start_pos+n_new)
+// on a session. Move-only. Commit() publishes the rows; destruction without a
+// successful Commit() rolls back (the reserved blocks return to the pool).
+class KvStep {
+ public:
+  KvStep() = default;
+  KvStep(KvStep&& other) noexcept;
+  KvStep& operator=(KvStep&& other) noexcept;
+  KvStep(const KvStep&) = delete;
+  KvStep& operator=(const KvStep&) = delete;
+  ~KvStep();
+
+  bool valid() const { return entry_ != nullptr; }
+  const std::string& session_id() const;
+  int64_t route_epoch() const;
+  int64_t start_pos() const { return start_pos_; }
+  int64_t n_new() const { return n_new_; }
+  // Read/write view of owned layer `layer` (absolute index) over
+  // [0, start_pos + n_new). The computation reads [0, start_pos) and writes the
+  // reserved rows [start_pos, start_pos + n_new).
+  ops::PagedKvLayer Layer(int layer) const;
+
+  // Publishes the reserved rows: seq_len += n_new, last_tick = now, MRU.
+  // Returns the CacheMiss (and rolls back) if the session died during the step
+  // (evicted, expired, released, superseded or replaced). The step is finished
+  // either way.
+  std::optional<CacheMiss> Commit();
+  // Explicit rollback (what the destructor does).
+  void Rollback();
+
+ private:
+  friend class HotKvStateManager;
+  HotKvStateManager* manager_ = nullptr;
+  SessionEntry* entry_ = nullptr;
+  int64_t start_pos_ = 0;
+  int64_t n_new_ = 0;
+};
+
+using ResolveResult = std::variant<SessionHandle, CacheMiss>;
+using StepResult = std::variant<KvStep, CacheMiss>;
+
+class HotKvStateManager {
+ public:
+  // Validates recipe and config (kInvalidArgument). `clock` must outlive the
+  // manager.
+  HotKvStateManager(KvCacheRecipe recipe, HotKvStateConfig config,
+                    const Clock* clock = SteadyClock::Default());
+  // Requires that no SessionHandle or KvStep is still held.
+  ~HotKvStateManager();
+  HotKvStateManager(const HotKvStateManager&) = delete;
+  HotKvStateManager& operator=(const HotKvStateManager&) = delete;
+
+  const KvCacheRecipe& recipe() const { return recipe_; }
+  const HotKvStateConfig& config() const { return config_; }
+  int64_t block_bytes() const;
+
+  // --- The reference operations (same checks, same order) -----------------
+
+  // Creates (or replaces) an empty context. Errors: kInvalidArgument (blank
+  // session id, negative epoch), kIncompatibleRecipe, kStaleEpoch.
+  SessionHandle Open(std::string_view session_id, int64_t route_epoch,
+                     const KvCacheRecipe* recipe = nullptr);
+
+  // Appends K/V for exactly the owned layers (all-or-nothing: every shape is
+  // validated before anything is evicted or written). Returns the new seq_len.
+  // Errors: kInvalidArgument, kIncompatibleRecipe, kStaleEpoch,
+  // CacheMissError, kBudgetExceeded (session untouched), kSessionBusy.
+  int64_t Append(std::string_view session_id, int64_t route_epoch, std::span<const LayerKv> kv,
+                 const KvCacheRecipe* recipe = nullptr,
+                 std::optional<int64_t> expected_seq_len = std::nullopt);
+
+  // Keeps the first min(length, seq_len) positions (whole blocks beyond are
+  // freed). Errors: kInvalidArgument (negative epoch; negative length, checked
+  // after the lookup), kStaleEpoch, CacheMissError, kSessionBusy.
+  int64_t Truncate(std::string_view session_id, int64_t route_epoch, int64_t length);
+
+  // Drops the key if present (no stale check, no TTL eviction) and always
+  // records `released` for it. Returns whether it was in the store.
+  bool Release(std::string_view session_id, int64_t route_epoch);
+
+  // The live context (pinned) or an explicit CacheMiss.
+  ResolveResult Resolve(std::string_view session_id, int64_t route_epoch,
+                        const KvCacheRecipe* recipe = nullptr,
+                        std::optional<int64_t> expected_seq_len = std::nullopt);
+  // Strict accessor: throws CacheMissError on a miss.
+  SessionHandle Get(std::string_view session_id, int64_t route_epoch,
+                    const KvCacheRecipe* recipe = nullptr,
+                    std::optional<int64_t> expected_seq_len = std::nullopt);
+
+  // --- The paged step path --------------------------------------------------
+
+  // Resolve + reserve in one: checks like Append (epoch, recipe, stale, TTL,
+  // live, expected_seq_len, budget with LRU eviction of others), refreshes the
+  // session (last_tick, MRU) and reserves room for `n_new` positions. Errors as
+  // Append; a dead key is a CacheMiss value, not an exception.
+  StepResult BeginStep(std::string_view session_id, int64_t route_epoch, int64_t n_new,
+                       const KvCacheRecipe* recipe = nullptr,
+                       std::optional<int64_t> expected_seq_len = std::nullopt);
+
+  // --- Introspection ----------------------------------------------------------
+
+  int64_t SessionCount();  // evicts expired first (reference session_count)
+  int64_t TotalBytes() const;  // reserved bytes of live sessions
+  // Live keys in LRU order, oldest first.
+  std::vector<std::pair<std::string, int64_t>> SessionKeys() const;
+  HotKvStats Stats() const;
+
+ private:
+  friend class SessionHandle;
+  friend class KvStep;
+  struct Impl;
+  KvCacheRecipe recipe_;
+  HotKvStateConfig config_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshnet::kv

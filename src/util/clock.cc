@@ -1,0 +1,17 @@
+#include "util/clock.h"
+
+#include <chrono>
+
+namespace meshnet {
+
+double SteadyClock::Now() const {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+SteadyClock* SteadyClock::Default() {
+  static SteadyClock clock;
+  return &clock;
+}
+
+}  // namespace meshnet
