@@ -1,0 +1,90 @@
+// The generation loop: drives one session across a route of shard endpoints,
+// with cache-miss recovery and failover.
+//
+//   * prefill: the whole token history goes through the route (prefill=true,
+//     which opens a fresh context on every hop at the current route epoch);
+//   * decode: one token per step, expected_seq_len = tokens already held;
+//   * a CacheMiss from any hop: re-prefill from token zero on the same route;
+//   * a dead or timed-out hop (Error kUnavailable): mark it dead, re-plan,
+//     bump the route epoch, re-prefill. Older-epoch state on surviving hops is
+//     superseded (freed) by the newer epoch's open.
+//   Recoveries are bounded (max_recoveries) with exponential backoff between
+//   failovers. The head keeps the token history, so nothing is lost.
+//
+// Thread-safety: Generate() may run concurrently for different sessions when
+// the provider and endpoints are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mesh/endpoint.h"
+#include "shard/boundary.h"
+
+namespace meshnet::mesh {
+
+struct Route {
+  std::vector<std::shared_ptr<ShardEndpoint>> hops;  // head first
+  std::string Describe() const;                      // "a[0-1] -> b[2-3] -> c[4-4]"
+};
+
+class RouteProvider {
+ public:
+  virtual ~RouteProvider() = default;
+  // A route covering layers 0..L-1 that avoids endpoints marked dead. Throws
+  // Error(kUnavailable) naming the uncovered layers when none exists.
+  virtual Route Plan() = 0;
+  virtual void MarkDead(const ShardEndpoint& endpoint) = 0;
+};
+
+// A provider over a fixed route (in-process shards): Plan() returns it until
+// a hop is marked dead, then fails.
+class FixedRouteProvider final : public RouteProvider {
+ public:
+  explicit FixedRouteProvider(Route route) : route_(std::move(route)) {}
+  Route Plan() override;
+  void MarkDead(const ShardEndpoint& endpoint) override;
+
+ private:
+  Route route_;
+  bool dead_ = false;
+};
+
+struct GenerateOptions {
+  int max_tokens = 64;
+  shard::SamplingContract sampling;
+  std::optional<int32_t> eos_id;  // stop when sampled (not emitted)
+  int max_recoveries = 8;         // re-prefills + failovers per Generate call
+  double backoff_initial_s = 0.02;
+  double backoff_max_s = 1.0;
+  int64_t initial_epoch = 0;
+  std::string session_id;         // empty: a fresh random 128-bit id
+  std::string session_secret;     // empty: a fresh random 128-bit secret
+  bool release_at_end = true;
+};
+
+struct GenerateEvents {
+  std::function<void(int32_t token)> on_token;         // each generated token, in order
+  std::function<void(const std::string&)> on_recovery;  // a human line per recovery
+};
+
+struct GenerateResult {
+  std::vector<int32_t> generated_ids;
+  int re_prefills = 0;  // after a CacheMiss
+  int failovers = 0;    // after a dead hop
+  int64_t final_epoch = 0;
+  std::string final_route;
+};
+
+GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,
+                        const GenerateOptions& options, const GenerateEvents& events = {});
+
+// 128 random bits from the OS CSPRNG (OpenSSL RAND_bytes), as 32 hex chars.
+std::string RandomId128();
+
+}  // namespace meshnet::mesh

@@ -1,0 +1,67 @@
+// KvBoundaryAdapter: cached prefill/decode of one shard's owned layers
+// through the HotKvStateManager, honouring the boundary contract
+// (reference: KvBoundaryAdapter in hot_kv_state.py).
+//
+//   head:   token ids -> embed -> owned layers (KV) -> BoundaryBundle
+//   middle: bundle    -> owned layers (KV)          -> BoundaryBundle
+//   tail:   bundle    -> owned layers (KV) -> last row -> final norm -> LM head -> sample
+//
+// A step reserves rows in the manager (KvStep), the computation writes the new
+// K/V in place while it attends, and the manager commits them. Decode returns a
+// CacheMiss whenever the state is gone, at resolve or at commit.
+//
+// Thread-safety: Prefill/Decode may be called concurrently for different
+// sessions; the manager refuses two concurrent steps on one session
+// (kSessionBusy). No lock is held while the layers compute.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <variant>
+
+#include "kv/cache_miss.h"
+#include "kv/hot_kv_state.h"
+#include "shard/boundary.h"
+#include "shard/llama_shard.h"
+
+namespace meshnet::shard {
+
+// What one step feeds the shard: token ids (head) or a boundary bundle (middle,
+// tail). Exactly one must be set, as the role demands.
+struct StepInput {
+  std::optional<std::span<const int32_t>> token_ids;
+  const BoundaryBundle* bundle = nullptr;
+};
+
+using StepOutput = std::variant<BoundaryBundle, TailOutput, kv::CacheMiss>;
+
+class KvBoundaryAdapter {
+ public:
+  // `shard` and `manager` must outlive the adapter. Throws
+  // kIncompatibleRecipe if the manager's recipe differs from the shard's.
+  KvBoundaryAdapter(const LlamaShard* shard, kv::HotKvStateManager* manager);
+
+  const ShardRole& role() const { return role_; }
+  const kv::KvCacheRecipe& recipe() const { return recipe_; }
+  const LlamaShard& shard() const { return *shard_; }
+  kv::HotKvStateManager& manager() const { return *manager_; }
+
+  // Opens a fresh context (replacing any at this key) and runs the prompt.
+  StepOutput Prefill(std::string_view session_id, int64_t route_epoch, const StepInput& input,
+                     const SamplingContract& sampling);
+  // Appends positions to an existing context; a CacheMiss if it is gone.
+  StepOutput Decode(std::string_view session_id, int64_t route_epoch, const StepInput& input,
+                    std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
+
+ private:
+  StepOutput RunStep(std::string_view session_id, int64_t route_epoch, const StepInput& input,
+                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
+  const LlamaShard* shard_;
+  kv::HotKvStateManager* manager_;
+  ShardRole role_;
+  kv::KvCacheRecipe recipe_;
+};
+
+}  // namespace meshnet::shard
