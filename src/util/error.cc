@@ -13,6 +13,7 @@ std::string_view ErrorKindName(ErrorKind kind) {
     case ErrorKind::kBoundaryContract: return "boundary-contract";
     case ErrorKind::kMalformedFile: return "malformed-file";
     case ErrorKind::kUnavailable: return "unavailable";
+    case ErrorKind::kPermissionDenied: return "permission-denied";
   }
   return "unknown";
 }

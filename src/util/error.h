@@ -25,6 +25,7 @@ enum class ErrorKind {
   kBoundaryContract,    // shard boundary contract violated (a kind of invalid argument)
   kMalformedFile,       // a GGUF (or other) file that fails validation
   kUnavailable,         // a peer could not be reached
+  kPermissionDenied,    // wrong session secret or cluster token (rpc)
 };
 
 // The wire/trace spelling of a kind: "invalid-argument", "stale-epoch", ...
