@@ -24,6 +24,10 @@ inline constexpr int kNumCacheMissReasons = 6;
 // "superseded-epoch", "seq-len-mismatch".
 std::string_view CacheMissReasonName(CacheMissReason r);
 
+// The first 8 characters (code points) of a session id, as the reference's
+// messages print it (session_id[:8]).
+std::string ShortSessionId(std::string_view session_id);
+
 struct CacheMiss {
   std::string session_id;
   int64_t route_epoch = 0;

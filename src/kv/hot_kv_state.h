@@ -80,6 +80,7 @@ struct HotKvStats {
   int64_t hits = 0;                // lookups (resolve/get/step/append/truncate) finding live state
   int64_t misses[kNumCacheMissReasons] = {};     // misses answered, by reason
   int64_t evictions[kNumCacheMissReasons] = {};  // sessions dropped, by reason
+  int64_t replaced = 0;            // contexts replaced by a same-key re-open (no miss recorded)
   int64_t remembered_epochs = 0;   // size of the latest-epoch map
   int64_t remembered_misses = 0;   // size of the miss history
 };
@@ -96,6 +97,7 @@ struct LayerKv {
 
 class HotKvStateManager;
 struct SessionEntry;  // private to hot_kv_state.cc
+struct ManagerState;  // private to hot_kv_state.cc
 
 // A pin on one session's context. Move-only. While held, the session's blocks
 // stay allocated even if it is evicted, released or superseded (alive() turns
@@ -237,10 +239,9 @@ class HotKvStateManager {
  private:
   friend class SessionHandle;
   friend class KvStep;
-  struct Impl;
   KvCacheRecipe recipe_;
   HotKvStateConfig config_;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ManagerState> impl_;
 };
 
 }  // namespace meshnet::kv

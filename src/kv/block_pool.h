@@ -1,0 +1,56 @@
+// BlockPool: fixed-size KV blocks carved lazily out of slabs.
+//
+// A block holds `block_tokens` positions of every owned layer (layout in
+// ops/paged_kv.h: owned layer i has its K plane at (2i)*block_tokens*row_bytes
+// and its V plane right after it). The pool is hard-capped at
+// `capacity_blocks` blocks; memory is taken from the allocator in slabs of
+// about `slab_bytes` only when the free list is empty, so a large budget is
+// never preallocated. Freed blocks go on a LIFO free list and are reused
+// first (O(1) allocate and free). Slab memory returns to the allocator only
+// when the pool is destroyed. Blocks are 16-byte aligned (the stride is
+// block_bytes rounded up to 16; accounting uses block_bytes).
+//
+// Thread-safety: not thread-safe; HotKvStateManager guards it with its mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace meshnet::kv {
+
+class BlockPool {
+ public:
+  static constexpr size_t kDefaultSlabBytes = size_t{1} << 20;
+
+  // block_bytes >= 1, capacity_blocks >= 0, slab_bytes >= 1.
+  BlockPool(size_t block_bytes, int64_t capacity_blocks, size_t slab_bytes = kDefaultSlabBytes);
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // A block (contents unspecified: fresh slab memory is zeroed, a reused block
+  // holds what its last owner wrote), or nullptr when `capacity_blocks` blocks
+  // are in use. Throws std::bad_alloc if a new slab cannot be allocated.
+  uint8_t* Allocate();
+  // Returns a block obtained from Allocate() to the free list.
+  void Free(uint8_t* block);
+
+  size_t block_bytes() const { return block_bytes_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t used() const { return allocated_ - static_cast<int64_t>(free_.size()); }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t allocated() const { return allocated_; }  // carved from slabs so far
+  int64_t slabs() const { return static_cast<int64_t>(slabs_.size()); }
+
+ private:
+  size_t block_bytes_;
+  size_t stride_;
+  int64_t capacity_;
+  int64_t blocks_per_slab_;
+  int64_t allocated_ = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> slabs_;
+  std::vector<uint8_t*> free_;  // LIFO
+};
+
+}  // namespace meshnet::kv

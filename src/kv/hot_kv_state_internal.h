@@ -1,0 +1,190 @@
+// Private to hot_kv_state*.cc: the manager's entries, lists and state. See the
+// invariants comment at the top of hot_kv_state.cc.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/hot_kv_state.h"
+
+namespace meshnet::kv {
+
+// A minimal intrusive doubly linked list. T has a `ListLinks<T> Member`.
+template <typename T>
+struct ListLinks {
+  T* prev = nullptr;
+  T* next = nullptr;
+  bool linked = false;
+};
+
+template <typename T, ListLinks<T> T::*Member>
+class IntrusiveList {
+ public:
+  T* front() const { return head_; }
+  T* back() const { return tail_; }
+  static T* Next(const T* t) { return (t->*Member).next; }
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+  void PushBack(T* t) {
+    ListLinks<T>& l = t->*Member;
+    l.prev = tail_;
+    l.next = nullptr;
+    l.linked = true;
+    if (tail_ != nullptr) {
+      (tail_->*Member).next = t;
+    } else {
+      head_ = t;
+    }
+    tail_ = t;
+    ++size_;
+  }
+  void Remove(T* t) {
+    ListLinks<T>& l = t->*Member;
+    if (l.prev != nullptr) {
+      (l.prev->*Member).next = l.next;
+    } else {
+      head_ = l.next;
+    }
+    if (l.next != nullptr) {
+      (l.next->*Member).prev = l.prev;
+    } else {
+      tail_ = l.prev;
+    }
+    l = ListLinks<T>{};
+    --size_;
+  }
+  void MoveToBack(T* t) {
+    if (tail_ == t) return;
+    Remove(t);
+    PushBack(t);
+  }
+
+ private:
+  T* head_ = nullptr;
+  T* tail_ = nullptr;
+  int64_t size_ = 0;
+};
+
+struct IdRecord;
+
+// One (session id, epoch) context. Immutable after construction: session_id,
+// route_epoch. Everything else is guarded by ManagerState::mu, except the contents of
+// the blocks (owned by the step or readers, see hot_kv_state.h).
+struct SessionEntry {
+  SessionEntry(std::string id, int64_t epoch) : session_id(std::move(id)), route_epoch(epoch) {}
+
+  const std::string session_id;
+  const int64_t route_epoch;
+
+  std::vector<uint8_t*> blocks;  // block table; ceil(seq_len / bt) blocks unless a step holds more
+  int64_t seq_len = 0;           // committed positions
+  double last_tick = 0;
+  bool live = true;
+  CacheMissReason death_reason = CacheMissReason::kUnknownSession;
+  std::string death_detail;
+  int64_t pins = 0;          // SessionHandles + the in-flight KvStep
+  bool step_active = false;  // a KvStep owns rows beyond seq_len
+  IdRecord* id = nullptr;    // while live
+  ListLinks<SessionEntry> lru;
+};
+
+// Per session id: the latest epoch ever opened (for stale checks) and the one
+// live entry, if any.
+struct IdRecord {
+  const std::string* id = nullptr;  // the map key (stable: node-based map)
+  int64_t latest_epoch = 0;
+  SessionEntry* live = nullptr;
+  ListLinks<IdRecord> idle;  // on ManagerState::idle_ids iff live == nullptr
+};
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+struct MissKey {
+  std::string_view id;  // views the CacheMiss in the list node
+  int64_t epoch;
+  bool operator==(const MissKey& o) const { return epoch == o.epoch && id == o.id; }
+};
+struct MissKeyHash {
+  size_t operator()(const MissKey& k) const {
+    return std::hash<std::string_view>{}(k.id) ^ (std::hash<int64_t>{}(k.epoch) * 0x9e3779b97f4a7c15ull);
+  }
+};
+
+struct ManagerState {
+  ManagerState(const KvCacheRecipe& recipe, const HotKvStateConfig& config, const Clock* clock);
+  ~ManagerState();
+
+  // --- immutable after construction ---
+  const Clock* clock;
+  HotKvStateConfig config;
+  std::string fingerprint;
+  int first_layer = 0;
+  int num_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  KvDtype dtype = KvDtype::kF32;
+  int64_t row_bytes = 0;        // n_kv_heads * head_dim * itemsize
+  int64_t bytes_per_token = 0;  // 2 * row_bytes * num_layers
+  int64_t block_bytes = 0;      // block_tokens * bytes_per_token
+
+  mutable std::mutex mu;
+  // --- everything below is GUARDED_BY(mu) ---
+  BlockPool pool;
+  double last_now = 0;  // clamps the clock so LRU order stays last_tick order
+  IntrusiveList<SessionEntry, &SessionEntry::lru> lru;   // live entries, oldest first
+  IntrusiveList<SessionEntry, &SessionEntry::lru> dead;  // dead entries kept by pins
+  std::unordered_map<std::string, IdRecord, StringHash, std::equal_to<>> ids;
+  IntrusiveList<IdRecord, &IdRecord::idle> idle_ids;    // ids without live state, oldest first
+  std::list<CacheMiss> miss_list;                        // oldest first
+  std::unordered_map<MissKey, std::list<CacheMiss>::iterator, MissKeyHash> miss_index;
+  int64_t live_blocks = 0;  // blocks in live entries' tables
+  int64_t live_tokens = 0;  // sum of live seq_len
+  int64_t pinned = 0;       // entries with pins > 0
+  int64_t hits = 0;
+  int64_t misses[kNumCacheMissReasons] = {};
+  int64_t evictions[kNumCacheMissReasons] = {};
+  int64_t replaced = 0;
+
+  // --- helpers; all require mu held ---
+  double NowLocked();
+  int64_t BlocksFor(int64_t tokens) const {
+    return (tokens + config.block_tokens - 1) / config.block_tokens;
+  }
+  IdRecord* FindId(std::string_view id);
+  // Throws kStaleEpoch if epoch < latest[id]; touches the id's record.
+  void CheckStaleLocked(std::string_view id, int64_t epoch);
+  SessionEntry* FindLiveLocked(std::string_view id, int64_t epoch);
+  void EvictExpiredLocked(double now);
+  // Removes a live entry from the store; records `reason` as a miss unless
+  // `record` is false. Frees it unless pinned.
+  void DropLocked(SessionEntry* e, CacheMissReason reason, bool record, std::string detail = {});
+  void RecordMissLocked(std::string_view id, int64_t epoch, CacheMissReason reason,
+                        std::string detail);
+  void ForgetMissLocked(std::string_view id, int64_t epoch);
+  CacheMiss RecordedMissLocked(std::string_view id, int64_t epoch) const;
+  void TrimIdsLocked();
+  // Evicts LRU entries other than `protect` and unpinned until `done()`.
+  template <typename Done>
+  void EvictLruUntilLocked(const SessionEntry* protect, Done done);
+  // Frees blocks of `e` beyond the first `keep`.
+  void ShrinkBlocksLocked(SessionEntry* e, int64_t keep);
+  void PinLocked(SessionEntry* e);
+  void UnpinLocked(SessionEntry* e);
+  void FreeEntryLocked(SessionEntry* e);
+  void TouchLocked(SessionEntry* e, double now);
+  // A view of owned `layer` over e's block table. Needs mu, or a pin whose
+  // owner is the only one who may change e->blocks (an in-flight step).
+  ops::PagedKvLayer View(const SessionEntry* e, int layer, int64_t n_positions) const;
+};
+
+}  // namespace meshnet::kv
