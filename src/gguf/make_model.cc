@@ -1,0 +1,218 @@
+// Random-weight model generator. Each tensor's values come from its own PRNG
+// stream, seeded from (seed, tensor name), so the output does not depend on
+// the order tensors are generated in, and a tensor is produced row by row
+// straight into the writer's buffer (float row -> QuantizeRow).
+#include "gguf/make_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "arch/architecture.h"
+#include "ops/quantize.h"
+#include "util/error.h"
+
+namespace meshnet::gguf {
+
+namespace {
+
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Standard normal samples (Box-Muller over a SplitMix64 stream).
+class NormalRng {
+ public:
+  explicit NormalRng(uint64_t seed) : state_(seed) {}
+  float Next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    // u1 in (0, 1], u2 in [0, 1).
+    const double u1 = (static_cast<double>(SplitMix64(&state_) >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(SplitMix64(&state_) >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = static_cast<float>(r * std::sin(2.0 * std::numbers::pi * u2));
+    has_spare_ = true;
+    return static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
+  }
+
+ private:
+  uint64_t state_;
+  bool has_spare_ = false;
+  float spare_ = 0;
+};
+
+uint64_t TensorSeed(uint64_t seed, std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  uint64_t s = seed ^ h;
+  return SplitMix64(&s);
+}
+
+// llama.cpp's general.file_type (llama_ftype) for a weight type.
+uint32_t FileType(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32: return 0;
+    case GgmlType::kF16: return 1;
+    case GgmlType::kQ4_0: return 2;
+    case GgmlType::kQ8_0: return 7;
+    case GgmlType::kQ4_K: return 15;  // Q4_K_M
+    case GgmlType::kQ6_K: return 18;
+    case GgmlType::kBF16: return 32;
+  }
+  return 0;
+}
+
+void CheckRange(const char* flag, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) {
+    ThrowInvalidArgument(std::string(flag) + " " + std::to_string(v) + " is outside [" +
+                         std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+}
+
+void CheckBlock(const char* flag, int64_t v, GgmlType t, const char* type_flag) {
+  const GgmlTypeInfo info = GgmlTypeInfoOf(t);
+  if (v % info.block_elems != 0) {
+    ThrowInvalidArgument(std::string(flag) + " " + std::to_string(v) +
+                         " is not a multiple of the " + std::string(info.name) + " block size " +
+                         std::to_string(info.block_elems) + " (" + type_flag + ")");
+  }
+}
+
+}  // namespace
+
+void ValidateMakeModelOptions(const MakeModelOptions& o) {
+  if (!FindCertifiedArchitecture(o.architecture)) {
+    (void)CertifiedArchitectureFor(o.architecture);  // throws, naming the certified set
+  }
+  CheckRange("--n-embd", o.n_embd, 1, 65536);
+  CheckRange("--n-layers", o.n_layers, 1, 1024);
+  CheckRange("--n-heads", o.n_heads, 1, 1024);
+  CheckRange("--n-kv-heads", o.n_kv_heads, 1, 1024);
+  CheckRange("--n-ff", o.n_ff, 1, 262144);
+  CheckRange("--context", o.context, 1, int64_t{1} << 24);
+  if (o.n_embd % o.n_heads != 0) {
+    ThrowInvalidArgument("--n-embd " + std::to_string(o.n_embd) + " is not divisible by --n-heads " +
+                         std::to_string(o.n_heads));
+  }
+  if (o.n_heads % o.n_kv_heads != 0) {
+    ThrowInvalidArgument("--n-heads " + std::to_string(o.n_heads) +
+                         " is not divisible by --n-kv-heads " + std::to_string(o.n_kv_heads));
+  }
+  if ((o.n_embd / o.n_heads) % 2 != 0) {
+    ThrowInvalidArgument("head dimension --n-embd / --n-heads = " +
+                         std::to_string(o.n_embd / o.n_heads) + " must be even (RoPE pairs)");
+  }
+  CheckBlock("--n-embd", o.n_embd, o.type, "--type");
+  CheckBlock("--n-ff", o.n_ff, o.type, "--type");
+  if (o.embedding_type) CheckBlock("--n-embd", o.n_embd, *o.embedding_type, "--embd-type");
+  if (!(o.rope_base > 0.0f) || !std::isfinite(o.rope_base)) {
+    ThrowInvalidArgument("--rope-base must be a positive finite number");
+  }
+  if (!(o.rms_eps > 0.0f) || !std::isfinite(o.rms_eps)) {
+    ThrowInvalidArgument("rms epsilon must be a positive finite number");
+  }
+}
+
+MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer,
+                            GgufWriter* w) {
+  ValidateMakeModelOptions(o);
+  const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
+  const auto tokens = tokenizer.GetStringArray(gguf_keys::kTokens);
+  if (!tokens || tokens->empty()) {
+    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " +
+                         gguf_keys::kTokens + " array");
+  }
+  MakeModelSummary summary;
+  summary.vocab_size = static_cast<int64_t>(tokens->size());
+  const int64_t head_dim = o.n_embd / o.n_heads;
+  const int64_t n_embd_kv = head_dim * o.n_kv_heads;
+
+  w->SetString(gguf_keys::kArchitecture, arch.gguf_arch);
+  w->SetString(gguf_keys::kName, o.name);
+  w->SetU32(gguf_keys::kFileType, FileType(o.type));
+  w->SetU32(arch.Key(ArchKey::kContextLength), static_cast<uint32_t>(o.context));
+  w->SetU32(arch.Key(ArchKey::kEmbeddingLength), static_cast<uint32_t>(o.n_embd));
+  w->SetU32(arch.Key(ArchKey::kBlockCount), static_cast<uint32_t>(o.n_layers));
+  w->SetU32(arch.Key(ArchKey::kFeedForwardLength), static_cast<uint32_t>(o.n_ff));
+  w->SetU32(arch.Key(ArchKey::kHeadCount), static_cast<uint32_t>(o.n_heads));
+  w->SetU32(arch.Key(ArchKey::kHeadCountKv), static_cast<uint32_t>(o.n_kv_heads));
+  w->SetF32(arch.Key(ArchKey::kRmsEpsilon), o.rms_eps);
+  w->SetF32(arch.Key(ArchKey::kRopeFreqBase), o.rope_base);
+  w->SetU32(arch.Key(ArchKey::kRopeDimensionCount), static_cast<uint32_t>(head_dim));
+  w->SetU32(arch.Key(ArchKey::kVocabSize), static_cast<uint32_t>(summary.vocab_size));
+  for (const MetadataEntry& e : tokenizer.metadata()) {
+    if (e.key.starts_with("tokenizer.")) w->Set(e.key, WriterValue::From(e.value));
+  }
+
+  const uint64_t seed = o.seed;
+  // A matrix (rows of ne0 values) of `type`, N(0, (scale/sqrt(ne0))^2).
+  auto add_matrix = [&](const std::string& name, GgmlType type, int64_t ne0, int64_t ne1,
+                        double scale) {
+    const int64_t dims[] = {ne0, ne1};
+    const float std_dev = static_cast<float>(scale / std::sqrt(static_cast<double>(ne0)));
+    w->AddTensor(name, type, dims, [name, type, ne0, ne1, std_dev, seed](std::span<uint8_t> dst) {
+      NormalRng rng(TensorSeed(seed, name));
+      std::vector<float> row(static_cast<size_t>(ne0));  // (ne0)
+      const int64_t row_bytes = ops::RowBytes(type, ne0);
+      for (int64_t r = 0; r < ne1; ++r) {
+        for (float& x : row) x = rng.Next() * std_dev;
+        ops::QuantizeRow(type, row.data(), ne0, dst.data() + r * row_bytes);
+      }
+    });
+    summary.n_params += ne0 * ne1;
+    ++summary.n_tensors;
+  };
+  auto add_norm = [&](const std::string& name) {
+    const int64_t dims[] = {o.n_embd};
+    w->AddTensor(name, GgmlType::kF32, dims, [](std::span<uint8_t> dst) {
+      const float one = 1.0f;
+      for (size_t i = 0; i + 4 <= dst.size(); i += 4) std::memcpy(dst.data() + i, &one, 4);
+    });
+    summary.n_params += o.n_embd;
+    ++summary.n_tensors;
+  };
+
+  const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(o.n_layers));
+  add_matrix(CertifiedArchitecture::kTokenEmbedding, o.embedding_type.value_or(o.type), o.n_embd,
+             summary.vocab_size, 1.0);
+  for (int layer = 0; layer < o.n_layers; ++layer) {
+    auto name = [layer](LayerTensor t) { return CertifiedArchitecture::LayerTensorName(layer, t); };
+    add_norm(name(LayerTensor::kAttnNorm));
+    add_matrix(name(LayerTensor::kAttnQ), o.type, o.n_embd, o.n_embd, 1.0);
+    add_matrix(name(LayerTensor::kAttnK), o.type, o.n_embd, n_embd_kv, 1.0);
+    add_matrix(name(LayerTensor::kAttnV), o.type, o.n_embd, n_embd_kv, 1.0);
+    add_matrix(name(LayerTensor::kAttnOutput), o.type, o.n_embd, o.n_embd, residual_scale);
+    add_norm(name(LayerTensor::kFfnNorm));
+    add_matrix(name(LayerTensor::kFfnGate), o.type, o.n_embd, o.n_ff, 1.0);
+    add_matrix(name(LayerTensor::kFfnUp), o.type, o.n_embd, o.n_ff, 1.0);
+    add_matrix(name(LayerTensor::kFfnDown), o.type, o.n_ff, o.n_embd, residual_scale);
+  }
+  add_norm(CertifiedArchitecture::kOutputNorm);
+  add_matrix(CertifiedArchitecture::kOutput, o.type, o.n_embd, summary.vocab_size, 1.0);
+  return summary;
+}
+
+MakeModelSummary MakeModel(const MakeModelOptions& o, const std::string& tokenizer_path,
+                           const std::string& out_path) {
+  ValidateMakeModelOptions(o);
+  GgufWriter w;
+  MakeModelSummary summary;
+  {
+    const GgufFile tokenizer = GgufFile::Open(tokenizer_path, GgufFile::Access::kSequential);
+    summary = BuildModel(o, tokenizer, &w);
+  }
+  w.WriteFile(out_path);
+  summary.file_bytes = GgufFile::Open(out_path).file_size();  // re-read: validates the output
+  return summary;
+}
+
+}  // namespace meshnet::gguf
