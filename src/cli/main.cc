@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   using namespace meshnet::cli;
   CLI::App app{"meshnet: pipeline-parallel LLM inference over a mesh of shard nodes"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("meshnet ") + MESHNET_VERSION);
+  app.set_version_flag("--version", std::string("meshnet ") + MESHNET_VERSION_STRING);
   int exit_code = 0;
   auto& commands = Commands();
   std::sort(commands.begin(), commands.end(),

@@ -71,6 +71,8 @@ struct GenerateOptions {
 struct GenerateEvents {
   std::function<void(int32_t token)> on_token;         // each generated token, in order
   std::function<void(const std::string&)> on_recovery;  // a human line per recovery
+  // The tail's logits for each sampled token (including one that is EOS).
+  std::function<void(std::span<const float> logits)> on_logits;
 };
 
 struct GenerateResult {

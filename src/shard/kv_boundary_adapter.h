@@ -29,10 +29,12 @@
 namespace meshnet::shard {
 
 // What one step feeds the shard: token ids (head) or a boundary bundle (middle,
-// tail). Exactly one must be set, as the role demands.
+// tail). Exactly one must be set, as the role demands. The adapter takes the
+// bundle's residual buffer over (it computes in place and hands the same
+// buffer on), so the bundle is left empty after a step that ran.
 struct StepInput {
   std::optional<std::span<const int32_t>> token_ids;
-  const BoundaryBundle* bundle = nullptr;
+  BoundaryBundle* bundle = nullptr;
 };
 
 using StepOutput = std::variant<BoundaryBundle, TailOutput, kv::CacheMiss>;
@@ -56,8 +58,11 @@ class KvBoundaryAdapter {
                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
 
  private:
+  // With validate_only, checks the input against the contract and returns.
   StepOutput RunStep(std::string_view session_id, int64_t route_epoch, const StepInput& input,
-                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
+                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling,
+                     bool validate_only);
+  const CertifiedArchitecture& arch() const { return shard_->arch(); }
   const LlamaShard* shard_;
   kv::HotKvStateManager* manager_;
   ShardRole role_;

@@ -1,0 +1,167 @@
+// meshnet generate: text generation over a route of shards, in-process by
+// default or over gRPC nodes with --nodes.
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "gguf/gguf_reader.h"
+#include "mesh/generator.h"
+#include "mesh/in_process.h"
+#include "model/tokenizer.h"
+#include "util/error.h"
+#include "util/sizes.h"
+#include "util/thread_pool.h"
+#ifdef MESHNET_WITH_RPC
+#include "rpc/remote.h"
+#endif
+
+namespace meshnet::cli {
+namespace {
+
+struct GenerateFlags {
+  std::string prompt;
+  std::string model;
+  int shards = 3;
+  std::string split;
+  int max_tokens = 64;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  std::string kv_budget = "64MiB";
+  std::string kv_dtype = "float32";
+  int threads = 0;
+  std::string output = "text";
+  std::string nodes;
+  std::string auth_token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  double timeout_s = 30.0;
+  bool no_bos = false;
+};
+
+std::string DefaultModelPath() {
+  const std::filesystem::path local = "models/stories260K.gguf";
+  if (std::filesystem::exists(local)) return local.string();
+  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
+}
+
+int RunGenerate(const GenerateFlags& f) {
+  if (f.output != "text" && f.output != "json") {
+    ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
+  }
+  if (f.max_tokens < 0) ThrowInvalidArgument("--max-tokens must be >= 0");
+  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0");
+  const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
+  const model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
+
+  mesh::GenerateOptions options;
+  options.max_tokens = f.max_tokens;
+  options.sampling.temperature = f.temperature;
+  options.sampling.top_k = f.top_k;
+  options.sampling.top_p = f.top_p;
+  options.sampling.seed = f.seed;
+  options.sampling.Validate();
+  if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
+  const std::vector<int32_t> prompt_ids = tokenizer.Encode(f.prompt, !f.no_bos);
+  if (prompt_ids.empty()) ThrowInvalidArgument("the prompt encodes to no tokens; give --prompt");
+
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<mesh::InProcessMesh> local;
+  std::unique_ptr<mesh::RouteProvider> provider;
+  if (f.nodes.empty()) {
+    const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
+    mesh::InProcessMeshOptions mo;
+    mo.split = f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
+    mo.kv_dtype = ParseKvDtype(f.kv_dtype);
+    mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
+    mo.kv_config.Validate();
+    const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+    pool = std::make_unique<ThreadPool>(threads);
+    local = std::make_unique<mesh::InProcessMesh>(file, mo, pool.get());
+    provider = std::make_unique<mesh::FixedRouteProvider>(local->route());
+  } else {
+#ifdef MESHNET_WITH_RPC
+    rpc::ClientOptions co;
+    co.auth_token = f.auth_token;
+    co.tls_ca = f.tls_ca;
+    co.tls_cert = f.tls_cert;
+    co.tls_key = f.tls_key;
+    co.timeout_s = f.timeout_s;
+    provider = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
+#else
+    ThrowInvalidArgument("--nodes needs a build with gRPC (MESHNET_RPC=ON)");
+#endif
+  }
+
+  const bool json = f.output == "json";
+  std::string text;
+  int32_t prev = prompt_ids.back();
+  mesh::GenerateEvents events;
+  events.on_token = [&](int32_t id) {
+    const std::string piece = tokenizer.DecodePiece(prev, id);
+    prev = id;
+    text += piece;
+    if (!json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  };
+  events.on_recovery = [](const std::string& what) { std::fprintf(stderr, "meshnet: %s\n", what.c_str()); };
+  if (!json) {
+    const std::string shown = tokenizer.Decode(prompt_ids);
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
+    std::fflush(stdout);
+  }
+  const mesh::GenerateResult result = mesh::Generate(*provider, prompt_ids, options, events);
+  if (json) {
+    nlohmann::json out;
+    out["prompt_ids"] = prompt_ids;
+    out["generated_ids"] = result.generated_ids;
+    out["text"] = text;
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputc('\n', stdout);
+  }
+  return 0;
+}
+
+const CommandRegistrar kRegistrar({
+    "generate",
+    "Generate text over a route of shards (in-process by default, or gRPC nodes with --nodes)",
+    [](CLI::App* sub, int* exit_code) {
+      auto f = std::make_shared<GenerateFlags>();
+      sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
+      sub->add_option("--model,-m", f->model, "GGUF model file (default: models/stories260K.gguf)");
+      sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
+          ->capture_default_str()->check(CLI::PositiveNumber);
+      sub->add_option("--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
+      sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")->capture_default_str();
+      sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
+      sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
+      sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+      sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")->capture_default_str();
+      sub->add_option("--kv-budget", f->kv_budget, "KV byte budget per in-process shard, e.g. 64MiB")->capture_default_str();
+      sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")->capture_default_str();
+      sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")->capture_default_str();
+      sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
+      sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
+      sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
+      sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
+      sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
+      sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
+      sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+      sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")->capture_default_str();
+      sub->callback([f, exit_code] { *exit_code = RunGenerate(*f); });
+    }});
+
+}  // namespace
+}  // namespace meshnet::cli

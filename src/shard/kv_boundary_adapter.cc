@@ -1,0 +1,130 @@
+#include "shard/kv_boundary_adapter.h"
+
+#include <string>
+#include <utility>
+
+#include "util/error.h"
+
+namespace meshnet::shard {
+
+namespace {
+[[noreturn]] void Contract(const std::string& message) {
+  throw Error(ErrorKind::kBoundaryContract, message);
+}
+}  // namespace
+
+KvBoundaryAdapter::KvBoundaryAdapter(const LlamaShard* shard, kv::HotKvStateManager* manager)
+    : shard_(shard),
+      manager_(manager),
+      role_(shard->role()),
+      recipe_(shard->MakeRecipe(manager->recipe().kv_dtype)) {
+  if (!manager_->recipe().IsCompatible(recipe_)) {
+    throw Error(ErrorKind::kIncompatibleRecipe,
+                "manager recipe " + manager_->recipe().Fingerprint() +
+                    " does not match this computation's KV recipe " + recipe_.Fingerprint());
+  }
+}
+
+StepOutput KvBoundaryAdapter::Prefill(std::string_view session_id, int64_t route_epoch,
+                                      const StepInput& input, const SamplingContract& sampling) {
+  // Validate the input before Open() replaces anything: a contract violation
+  // must leave the node's state as it was.
+  RunStep({}, 0, input, 0, sampling, /*validate_only=*/true);
+  manager_->Open(session_id, route_epoch, &recipe_);
+  return RunStep(session_id, route_epoch, input, 0, sampling, false);
+}
+
+StepOutput KvBoundaryAdapter::Decode(std::string_view session_id, int64_t route_epoch,
+                                     const StepInput& input,
+                                     std::optional<int64_t> expected_seq_len,
+                                     const SamplingContract& sampling) {
+  return RunStep(session_id, route_epoch, input, expected_seq_len, sampling, false);
+}
+
+StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route_epoch,
+                                      const StepInput& input,
+                                      std::optional<int64_t> expected_seq_len,
+                                      const SamplingContract& sampling, bool validate_only) {
+  const model::LlamaHParams& hp = shard_->hparams();
+  const int64_t n_embd = hp.n_embd;
+  // 1. The boundary contract, checked before the KV state is touched.
+  int64_t n_new = 0;
+  if (role_.is_head()) {
+    if (!input.token_ids) Contract("the head owns token embedding and must receive token IDs");
+    if (input.bundle != nullptr) {
+      Contract("the head owns token embedding; it must not receive a boundary bundle from an "
+               "upstream range");
+    }
+    n_new = static_cast<int64_t>(input.token_ids->size());
+    if (n_new == 0) Contract("a step must carry at least one token");
+    for (int32_t id : *input.token_ids) {
+      if (id < 0 || id >= hp.vocab_size) {
+        ThrowInvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary (0.." +
+                             std::to_string(hp.vocab_size - 1) + ")");
+      }
+    }
+  } else {
+    if (input.token_ids) {
+      Contract("middle/tail shards bypass token embedding; they must not receive token IDs");
+    }
+    if (input.bundle == nullptr) Contract("middle/tail shards must receive the boundary bundle");
+    // Positions are checked against the start the caller claims; a decode
+    // without expected_seq_len is checked again once the step is reserved.
+    const int64_t claimed_start =
+        expected_seq_len ? *expected_seq_len
+                         : (input.bundle->positions.empty() ? 0 : input.bundle->positions[0]);
+    CheckBoundary(*input.bundle, arch(), role_.start_layer, n_embd, claimed_start);
+    n_new = input.bundle->n_tokens;
+  }
+  if (role_.is_tail()) sampling.Validate();
+  if (validate_only) return kv::CacheMiss{};
+
+  // 2. Reserve rows (resolve + budget); a gone state is an explicit miss.
+  kv::StepResult begun = manager_->BeginStep(session_id, route_epoch, n_new, &recipe_,
+                                             expected_seq_len);
+  if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
+  kv::KvStep step = std::move(std::get<kv::KvStep>(begun));
+  const int64_t start = step.start_pos();
+  if (!role_.is_head() && input.bundle->positions[0] != start) {
+    Contract("boundary positions start at " + std::to_string(input.bundle->positions[0]) +
+             " but this shard holds " + std::to_string(start) + " positions");
+  }
+
+  // 3. Compute in place over the residual (n_new, n_embd).
+  std::vector<float> hidden;
+  if (role_.is_head()) {
+    hidden.resize(static_cast<size_t>(n_new * n_embd));
+    shard_->Embed(*input.token_ids, hidden.data());
+  } else {
+    hidden = std::move(input.bundle->residual);
+    input.bundle->residual.clear();
+  }
+  shard_->Forward(hidden.data(), n_new, step);
+
+  // 4. Publish the new K/V; the state may have died meanwhile.
+  if (std::optional<kv::CacheMiss> miss = step.Commit()) return std::move(*miss);
+
+  if (role_.is_tail()) {
+    // Only the last row reaches the head (prunes_rows_at_tail); the final norm
+    // is applied inside Logits (normalizes_before_head).
+    TailOutput out;
+    out.logits.resize(hp.vocab_size);
+    shard_->Logits(hidden.data() + (n_new - 1) * n_embd, out.logits.data());
+    out.token_id = sampling.Sample(out.logits, start + n_new);
+    return out;
+  }
+  BoundaryBundle out;
+  out.architecture_adapter = arch().adapter;
+  out.schema_version = arch().boundary_schema_version;
+  out.tensor_name = arch().boundary_tensor_name;
+  out.n_tokens = n_new;
+  out.n_embd = n_embd;
+  out.residual = std::move(hidden);
+  out.positions.resize(n_new);
+  for (int64_t i = 0; i < n_new; ++i) out.positions[i] = start + i;
+  out.next_layer = role_.end_layer + 1;
+  out.normalized = false;
+  return out;
+}
+
+}  // namespace meshnet::shard

@@ -1,0 +1,156 @@
+#include "shard/llama_shard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "ops/matmul.h"
+#include "ops/nn.h"
+#include "ops/quantize.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace meshnet::shard {
+
+// Scratch of one in-flight step; sized for `capacity` tokens.
+struct LlamaShard::Workspace {
+  int64_t capacity = 0;
+  std::vector<float> xb;    // (n, n_embd)   normed input of a sublayer
+  std::vector<float> q;     // (n, q_dim)
+  std::vector<float> k;     // (n, kv_dim)
+  std::vector<float> v;     // (n, kv_dim)
+  std::vector<float> att;   // (n, q_dim)    attention output, pre-Wo
+  std::vector<float> proj;  // (n, n_embd)   Wo / Wdown output
+  std::vector<float> gate;  // (n, n_ff)
+  std::vector<float> up;    // (n, n_ff)
+  ops::MatMulScratch mm;    // activation quantization etc.
+  ops::AttentionScratch attn;
+
+  void Reserve(const model::LlamaHParams& hp, int64_t n) {
+    if (n <= capacity) return;
+    capacity = std::max<int64_t>(n, capacity * 2);
+    const size_t c = static_cast<size_t>(capacity);
+    xb.resize(c * hp.n_embd);
+    q.resize(c * hp.q_dim());
+    k.resize(c * hp.kv_dim());
+    v.resize(c * hp.kv_dim());
+    att.resize(c * hp.q_dim());
+    proj.resize(c * hp.n_embd);
+    gate.resize(c * hp.n_ff);
+    up.resize(c * hp.n_ff);
+  }
+};
+
+namespace {
+ops::WeightMatrix W(const model::MatrixView& m) { return {m.type, m.data, m.rows, m.cols}; }
+}  // namespace
+
+LlamaShard::LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_layer, int end_layer,
+                       ThreadPool* pool)
+    : file_(std::move(file)),
+      hparams_(model::LlamaHParams::FromGguf(*file_)),
+      weights_(model::LlamaWeights::Load(*file_, hparams_, start_layer, end_layer)),
+      role_(RoleForRange(start_layer, end_layer, hparams_.n_layers)),
+      pool_(pool) {}
+
+LlamaShard::~LlamaShard() = default;
+
+kv::KvCacheRecipe LlamaShard::MakeRecipe(KvDtype kv_dtype) const {
+  kv::KvCacheRecipe r;
+  r.architecture_adapter = arch().adapter;
+  r.kv_dtype = kv_dtype;
+  r.n_kv_heads = hparams_.n_kv_heads;
+  r.head_dim = hparams_.head_dim;
+  r.total_layers = hparams_.n_layers;
+  r.start_layer = role_.start_layer;
+  r.end_layer = role_.end_layer;
+  r.boundary_schema_version = arch().boundary_schema_version;
+  r.Validate();
+  return r;
+}
+
+std::unique_ptr<LlamaShard::Workspace> LlamaShard::Acquire(int64_t n_tokens) const {
+  std::unique_ptr<Workspace> ws;
+  {
+    std::lock_guard<std::mutex> lock(ws_mu_);
+    if (!free_ws_.empty()) {
+      ws = std::move(free_ws_.back());
+      free_ws_.pop_back();
+    }
+  }
+  if (!ws) ws = std::make_unique<Workspace>();
+  ws->Reserve(hparams_, n_tokens);
+  return ws;
+}
+
+void LlamaShard::Return(std::unique_ptr<Workspace> ws) const {
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  free_ws_.push_back(std::move(ws));
+}
+
+void LlamaShard::Embed(std::span<const int32_t> ids, float* hidden) const {
+  if (!role_.is_head()) {
+    throw Error(ErrorKind::kBoundaryContract, "only the head shard owns the token embedding");
+  }
+  const model::MatrixView& e = weights_.token_embd();
+  const int64_t row_bytes = ops::RowBytes(e.type, e.cols);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= e.rows) {
+      ThrowInvalidArgument("token id " + std::to_string(ids[i]) + " is outside the vocabulary");
+    }
+    ops::DequantizeRow(e.type, static_cast<const uint8_t*>(e.data) + ids[i] * row_bytes, e.cols,
+                       hidden + i * e.cols);
+  }
+}
+
+void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const {
+  const model::LlamaHParams& hp = hparams_;
+  const int64_t d = hp.n_embd;
+  const int64_t start = step.start_pos();
+  std::unique_ptr<Workspace> ws = Acquire(n);
+  for (const model::LayerWeights& lw : weights_.layers()) {
+    const ops::PagedKvLayer kv = step.Layer(lw.layer);
+    // ---- attention ----
+    for (int64_t t = 0; t < n; ++t) {
+      ops::RmsNorm(hidden + t * d, lw.attn_norm, d, hp.rms_eps, ws->xb.data() + t * d);
+    }
+    ops::MatMul(W(lw.wq), ws->xb.data(), n, ws->q.data(), pool_, &ws->mm);  // (n, q_dim)
+    ops::MatMul(W(lw.wk), ws->xb.data(), n, ws->k.data(), pool_, &ws->mm);  // (n, kv_dim)
+    ops::MatMul(W(lw.wv), ws->xb.data(), n, ws->v.data(), pool_, &ws->mm);  // (n, kv_dim)
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = start + t;
+      ops::Rope(ws->q.data() + t * hp.q_dim(), hp.n_heads, hp.head_dim, hp.n_rot, pos,
+                hp.rope_freq_base);
+      ops::Rope(ws->k.data() + t * hp.kv_dim(), hp.n_kv_heads, hp.head_dim, hp.n_rot, pos,
+                hp.rope_freq_base);
+      ops::StoreKvRow(kv, /*key=*/true, pos, ws->k.data() + t * hp.kv_dim());
+      ops::StoreKvRow(kv, /*key=*/false, pos, ws->v.data() + t * hp.kv_dim());
+    }
+    ops::Attention(ws->q.data(), n, start, kv, hp.n_heads, ws->att.data(), &ws->attn, pool_);
+    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), pool_, &ws->mm);  // (n, n_embd)
+    ops::AddInPlace(hidden, ws->proj.data(), n * d);
+    // ---- feed-forward (SwiGLU) ----
+    for (int64_t t = 0; t < n; ++t) {
+      ops::RmsNorm(hidden + t * d, lw.ffn_norm, d, hp.rms_eps, ws->xb.data() + t * d);
+    }
+    ops::MatMul(W(lw.w_gate), ws->xb.data(), n, ws->gate.data(), pool_, &ws->mm);  // (n, n_ff)
+    ops::MatMul(W(lw.w_up), ws->xb.data(), n, ws->up.data(), pool_, &ws->mm);      // (n, n_ff)
+    ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
+    ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), pool_, &ws->mm);  // (n, n_embd)
+    ops::AddInPlace(hidden, ws->proj.data(), n * d);
+  }
+  Return(std::move(ws));
+}
+
+void LlamaShard::Logits(const float* hidden_row, float* logits) const {
+  if (!role_.is_tail()) {
+    throw Error(ErrorKind::kBoundaryContract, "only the tail shard owns the final norm and LM head");
+  }
+  std::unique_ptr<Workspace> ws = Acquire(1);
+  ops::RmsNorm(hidden_row, weights_.output_norm(), hparams_.n_embd, hparams_.rms_eps,
+               ws->xb.data());
+  ops::MatMul(W(weights_.output()), ws->xb.data(), 1, logits, pool_, &ws->mm);  // (vocab)
+  Return(std::move(ws));
+}
+
+}  // namespace meshnet::shard

@@ -1,0 +1,80 @@
+// LlamaShard: the computation of one shard's owned layers of a Llama-family
+// model (the reference's "pinned worker"), on weights memory-mapped from GGUF.
+//
+// The forward pass reads top to bottom (llama2.c style):
+//   head:  Embed(ids) -> hidden                                  // (n, n_embd)
+//   every owned layer l:
+//     xb = rmsnorm(hidden) ; q,k,v = xb Wq, xb Wk, xb Wv ; rope(q, k)
+//     write k, v into the step's reserved KV rows
+//     att = causal GQA attention of q over positions [0, start+n) ; hidden += att Wo
+//     xb = rmsnorm(hidden) ; hidden += (silu(xb Wgate) * (xb Wup)) Wdown
+//   tail:  Logits(last row) = final rmsnorm -> LM head          // (vocab)
+//
+// Scratch buffers live in Workspaces checked out from a small pool (a lock is
+// held only to pop/push the free list, never across a kernel). A workspace
+// grows only when a step has more tokens than any before it, so decode steps
+// never allocate.
+//
+// Thread-safety: const methods are safe to call concurrently (each call
+// checks out its own workspace).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "arch/architecture.h"
+#include "gguf/gguf_reader.h"
+#include "kv/hot_kv_state.h"
+#include "kv/recipe.h"
+#include "model/hparams.h"
+#include "model/weights.h"
+#include "shard/boundary.h"
+
+namespace meshnet {
+class ThreadPool;
+}
+
+namespace meshnet::shard {
+
+class LlamaShard {
+ public:
+  // Loads the owned layers [start_layer, end_layer] (inclusive) of `file`.
+  // `pool` (may be null: single-threaded) must outlive the shard.
+  LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_layer, int end_layer,
+             ThreadPool* pool);
+  ~LlamaShard();
+
+  const model::LlamaHParams& hparams() const { return hparams_; }
+  const model::LlamaWeights& weights() const { return weights_; }
+  const CertifiedArchitecture& arch() const { return *hparams_.arch; }
+  const ShardRole& role() const { return role_; }
+  const gguf::GgufFile& file() const { return *file_; }
+  kv::KvCacheRecipe MakeRecipe(KvDtype kv_dtype) const;
+
+  // Head only: hidden (n, n_embd) = embedding rows of ids. Throws
+  // kInvalidArgument for an id outside the vocabulary.
+  void Embed(std::span<const int32_t> ids, float* hidden) const;
+  // Runs the owned layers over hidden (n_tokens, n_embd) in place, at positions
+  // step.start_pos() .. +n_tokens, writing K/V into the step's reserved rows.
+  void Forward(float* hidden, int64_t n_tokens, const kv::KvStep& step) const;
+  // Tail only: logits (vocab) of one residual row (n_embd): final norm + LM head.
+  void Logits(const float* hidden_row, float* logits) const;
+
+ private:
+  struct Workspace;
+  std::unique_ptr<Workspace> Acquire(int64_t n_tokens) const;
+  void Return(std::unique_ptr<Workspace> ws) const;
+
+  std::shared_ptr<const gguf::GgufFile> file_;
+  model::LlamaHParams hparams_;
+  model::LlamaWeights weights_;
+  ShardRole role_;
+  ThreadPool* pool_;
+  mutable std::mutex ws_mu_;
+  mutable std::vector<std::unique_ptr<Workspace>> free_ws_;  // guarded by ws_mu_
+};
+
+}  // namespace meshnet::shard
