@@ -1,0 +1,162 @@
+// Invariants:
+// - state_ = (generation << 32) | kClosed | joined. A job is published by the
+//   thread holding run_mu_: it writes job_* and next_, then stores a new
+//   generation with joined = 0 and kClosed clear (release, under wake_mu_ so
+//   sleeping workers cannot miss it).
+// - A worker joins the current job only by a CAS that increments `joined`
+//   while kClosed is clear and the generation is the one it observed; only a
+//   joined worker reads job_* and claims chunks through next_.
+// - The publisher runs chunks too, then sets kClosed and waits until joined
+//   reaches 0. After that no worker touches job_ctx_ (the caller's stack), and
+//   job_* may be rewritten. Workers that wake late (descheduled on a busy
+//   machine) find the job closed and go back to waiting: the caller never
+//   waits for a worker that did not start.
+// - t_current_pool marks threads already inside a ParallelFor of a pool
+//   (workers always, callers for the duration of a job): nested calls run inline.
+#include "util/thread_pool.h"
+
+#include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace meshnet {
+
+namespace {
+
+thread_local const ThreadPool* t_current_pool = nullptr;
+
+constexpr uint64_t kClosed = uint64_t{1} << 31;
+constexpr uint64_t kJoinedMask = kClosed - 1;
+constexpr uint64_t kGenerationOne = uint64_t{1} << 32;
+
+inline uint64_t Generation(uint64_t state) { return state >> 32; }
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// How long a worker spins for the next job (and a caller for completion)
+// before blocking: long enough to cover the gaps between kernels in a step.
+constexpr auto kSpinTime = std::chrono::microseconds(200);
+
+// Spins until pred() or kSpinTime elapses; returns pred().
+template <class Pred>
+bool SpinUntil(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  num_threads = std::max(num_threads, 1);
+  workers_.reserve(static_cast<size_t>(num_threads - 1));
+  for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    stop_.store(true, std::memory_order_relaxed);
+    const uint64_t gen = Generation(state_.load(std::memory_order_relaxed)) + 1;
+    state_.store((gen << 32) | kClosed, std::memory_order_release);
+  }
+  wake_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::RunChunks() {
+  const int64_t n = job_n_;
+  const int64_t chunk = job_chunk_;
+  for (;;) {
+    const int64_t begin = next_.fetch_add(chunk, std::memory_order_relaxed);
+    if (begin >= n) return;
+    job_fn_(job_ctx_, begin, std::min(n, begin + chunk));
+  }
+}
+
+void ThreadPool::Run(int64_t n, int64_t min_chunk, Trampoline fn, void* ctx) {
+  if (n <= 0) return;
+  min_chunk = std::max<int64_t>(min_chunk, 1);
+  std::unique_lock<std::mutex> run_lock(run_mu_, std::defer_lock);
+  if (workers_.empty() || n <= min_chunk || t_current_pool == this || !run_lock.try_lock()) {
+    fn(ctx, 0, n);
+    return;
+  }
+  // About 4 chunks per thread balances load without much claiming traffic.
+  const int64_t threads = num_threads();
+  const int64_t chunk = std::max(min_chunk, (n + 4 * threads - 1) / (4 * threads));
+  job_n_ = n;
+  job_chunk_ = chunk;
+  job_fn_ = fn;
+  job_ctx_ = ctx;
+  next_.store(0, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    const uint64_t gen = Generation(state_.load(std::memory_order_relaxed)) + 1;
+    state_.store(gen << 32, std::memory_order_release);
+  }
+  wake_cv_.notify_all();
+
+  const ThreadPool* outer = t_current_pool;
+  t_current_pool = this;
+  RunChunks();
+  t_current_pool = outer;
+
+  // Close the job; wait for the workers that joined it.
+  const uint64_t closed = state_.fetch_or(kClosed, std::memory_order_acq_rel) | kClosed;
+  if ((closed & kJoinedMask) == 0) return;
+  auto all_left = [this] { return (state_.load(std::memory_order_acquire) & kJoinedMask) == 0; };
+  if (!SpinUntil(all_left)) {
+    std::unique_lock<std::mutex> lock(done_mu_);
+    done_cv_.wait(lock, all_left);
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  t_current_pool = this;
+  uint64_t seen = 0;  // generation at construction; a job may already be published
+  for (;;) {
+    auto published = [&] {
+      return Generation(state_.load(std::memory_order_acquire)) != seen;
+    };
+    if (!SpinUntil(published)) {
+      std::unique_lock<std::mutex> lock(wake_mu_);
+      wake_cv_.wait(lock, published);
+    }
+    if (stop_.load(std::memory_order_relaxed)) return;  // ordered by the state acquire
+    uint64_t state = state_.load(std::memory_order_acquire);
+    seen = Generation(state);
+    bool joined = false;
+    while (Generation(state) == seen && (state & kClosed) == 0) {
+      if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;  // closed before we got there (or a newer job: next loop)
+    RunChunks();
+    const uint64_t after = state_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    if ((after & kClosed) != 0 && (after & kJoinedMask) == 0) {
+      std::lock_guard<std::mutex> lock(done_mu_);
+      done_cv_.notify_one();
+    }
+  }
+}
+
+}  // namespace meshnet

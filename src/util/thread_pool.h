@@ -1,0 +1,81 @@
+// A fixed pool of worker threads for data-parallel kernels.
+//
+//   ThreadPool pool;                          // hardware threads (caller included)
+//   pool.ParallelFor(rows, [&](int64_t begin, int64_t end) { ... });
+//
+// Contract:
+// - ParallelFor(n, fn) calls fn(begin, end) on disjoint ranges covering [0, n)
+//   exactly once each, and returns after all calls have returned. The calling
+//   thread runs ranges too. Ranges are chunks of at least `min_chunk` items
+//   (except the last), claimed dynamically, so a slow core does not hold the rest.
+// - No allocation per call and no std::function: fn is passed by reference
+//   through a plain function pointer; it must not throw (kernels do not).
+// - Thread-safety: ParallelFor may be called from any number of threads at once.
+//   One call at a time is spread over the workers; a call that finds the pool
+//   busy, or is nested inside a ParallelFor of the same pool, runs all of its
+//   ranges inline on its own thread (never blocks, never deadlocks).
+// - Workers spin briefly after each job before sleeping, so back-to-back kernel
+//   calls (a decode step) do not pay a futex wake-up each.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace meshnet {
+
+class ThreadPool {
+ public:
+  // num_threads counts the calling thread: N means N-1 workers. 0 picks
+  // std::thread::hardware_concurrency() (at least 1).
+  explicit ThreadPool(int num_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Threads that take part in a ParallelFor (workers + caller).
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  template <class Fn>
+  void ParallelFor(int64_t n, Fn&& fn, int64_t min_chunk = 1) {
+    using F = std::remove_reference_t<Fn>;
+    Run(
+        n, min_chunk,
+        [](void* ctx, int64_t begin, int64_t end) { (*static_cast<F*>(ctx))(begin, end); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+
+ private:
+  using Trampoline = void (*)(void* ctx, int64_t begin, int64_t end);
+
+  void Run(int64_t n, int64_t min_chunk, Trampoline fn, void* ctx);
+  void WorkerLoop();
+  void RunChunks();
+
+  std::vector<std::thread> workers_;
+
+  // Serializes pool-wide jobs; a caller that cannot take it runs inline.
+  std::mutex run_mu_;
+
+  // The current job. Written by the owner of run_mu_ while no worker is joined
+  // (see thread_pool.cc), read by joined workers.
+  int64_t job_n_ = 0;
+  int64_t job_chunk_ = 1;
+  Trampoline job_fn_ = nullptr;
+  void* job_ctx_ = nullptr;
+  std::atomic<int64_t> next_{0};  // next unclaimed item
+
+  // (generation << 32) | kClosed bit | number of joined workers.
+  std::atomic<uint64_t> state_{0};
+  std::atomic<bool> stop_{false};  // set before the final generation bump
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+};
+
+}  // namespace meshnet

@@ -1,0 +1,154 @@
+#include "util/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <new>
+#include <thread>
+#include <vector>
+
+// Counts allocations made by the current thread (to check ParallelFor allocates nothing).
+namespace {
+thread_local int64_t t_allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t size) {
+  ++t_allocations;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace meshnet {
+namespace {
+
+// Runs ParallelFor and checks every index in [0, n) was visited exactly once.
+void ExpectCoversOnce(ThreadPool& pool, int64_t n, int64_t min_chunk) {
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+  for (auto& h : hits) h.store(0);
+  std::atomic<bool> bad_range{false};
+  pool.ParallelFor(
+      n,
+      [&](int64_t begin, int64_t end) {
+        if (begin < 0 || end > n || begin >= end) bad_range = true;
+        for (int64_t i = begin; i < end; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      },
+      min_chunk);
+  EXPECT_FALSE(bad_range.load());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
+}
+
+TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000, 4099}) {
+      for (int64_t min_chunk : {1, 3, 16, 5000}) ExpectCoversOnce(pool, n, min_chunk);
+    }
+  }
+}
+
+TEST(ThreadPool, DefaultUsesHardwareThreads) {
+  ThreadPool pool;
+  EXPECT_EQ(pool.num_threads(),
+            std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+}
+
+TEST(ThreadPool, SingleThreadPoolRunsOnCaller) {
+  ThreadPool pool(1);
+  const auto me = std::this_thread::get_id();
+  bool other = false;
+  pool.ParallelFor(100, [&](int64_t, int64_t) { other |= std::this_thread::get_id() != me; });
+  EXPECT_FALSE(other);
+}
+
+TEST(ThreadPool, WorkersAndCallerRunConcurrently) {
+  // Two chunks each wait (bounded) until the other has started: this can only
+  // succeed if two threads run ranges at the same time.
+  ThreadPool pool(2);
+  std::atomic<int> started{0};
+  std::atomic<int> saw_both{0};
+  pool.ParallelFor(
+      2,
+      [&](int64_t begin, int64_t end) {
+        started.fetch_add(static_cast<int>(end - begin));
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+        if (started.load() == 2) saw_both.fetch_add(1);
+      },
+      1);
+  EXPECT_EQ(saw_both.load(), 2);
+}
+
+TEST(ThreadPool, DoesNotAllocatePerCall) {
+  ThreadPool pool(2);
+  std::vector<int64_t> sums(64, 0);
+  pool.ParallelFor(64, [&](int64_t b, int64_t e) { for (; b < e; ++b) sums[b] += b; });  // warm
+  const int64_t before = t_allocations;
+  for (int rep = 0; rep < 100; ++rep) {
+    pool.ParallelFor(64, [&](int64_t b, int64_t e) {
+      for (; b < e; ++b) sums[static_cast<size_t>(b)] += b;
+    });
+  }
+  EXPECT_EQ(t_allocations, before);
+  for (int64_t i = 0; i < 64; ++i) EXPECT_EQ(sums[static_cast<size_t>(i)], 101 * i);
+}
+
+TEST(ThreadPool, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  pool.ParallelFor(8, [&](int64_t b, int64_t e) {
+    for (; b < e; ++b) {
+      pool.ParallelFor(10, [&](int64_t ib, int64_t ie) { total.fetch_add(ie - ib); });
+    }
+  });
+  EXPECT_EQ(total.load(), 80);
+}
+
+TEST(ThreadPool, ManyConcurrentCallers) {
+  ThreadPool pool(2);
+  constexpr int kCallers = 4;
+  constexpr int kRounds = 200;
+  std::vector<int64_t> results(kCallers, 0);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      std::vector<int64_t> data(257);
+      int64_t total = 0;
+      for (int r = 0; r < kRounds; ++r) {
+        pool.ParallelFor(static_cast<int64_t>(data.size()), [&](int64_t b, int64_t e) {
+          for (; b < e; ++b) data[static_cast<size_t>(b)] = b * (r + c);
+        });
+        for (int64_t v : data) total += v;
+      }
+      results[static_cast<size_t>(c)] = total;
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (int c = 0; c < kCallers; ++c) {
+    int64_t want = 0;
+    for (int r = 0; r < kRounds; ++r) want += static_cast<int64_t>(256 * 257 / 2) * (r + c);
+    EXPECT_EQ(results[static_cast<size_t>(c)], want) << c;
+  }
+}
+
+TEST(ThreadPool, ManyQuickJobsThenDestroy) {
+  for (int i = 0; i < 20; ++i) {
+    ThreadPool pool(3);
+    std::atomic<int64_t> sum{0};
+    for (int j = 0; j < 50; ++j) {
+      pool.ParallelFor(33, [&](int64_t b, int64_t e) {
+        for (; b < e; ++b) sum.fetch_add(b);
+      });
+    }
+    EXPECT_EQ(sum.load(), 50 * (32 * 33 / 2));
+  }
+}
+
+}  // namespace
+}  // namespace meshnet
