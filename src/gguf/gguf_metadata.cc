@@ -1,6 +1,8 @@
 // MetadataValue conversions and rendering, and GgufFile's typed getters.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -131,8 +133,21 @@ std::string MetadataValue::ToString(size_t max_elems) const {
     case ValueType::kBool: return bits_ ? "true" : "false";
     case ValueType::kF32:
     case ValueType::kF64: {
+      // Shortest %g rendering that reads back as the same value.
+      const double d = *AsDouble();
       char buf[64];
-      std::snprintf(buf, sizeof buf, "%.9g", *AsDouble());
+      if (d == std::floor(d) && std::fabs(d) < 1e15) {
+        std::snprintf(buf, sizeof buf, "%.0f", d);
+        return buf;
+      }
+      for (int prec = 1; prec <= 17; ++prec) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, d);
+        const double back = std::strtod(buf, nullptr);
+        if (type_ == ValueType::kF32 ? static_cast<float>(back) == static_cast<float>(d)
+                                     : back == d) {
+          break;
+        }
+      }
       return buf;
     }
     case ValueType::kArray: {
