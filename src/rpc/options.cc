@@ -1,0 +1,51 @@
+#include "rpc/options.h"
+
+#include <cmath>
+
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+namespace {
+
+void CheckPositive(double v, const char* name) {
+  if (!(v > 0) || !std::isfinite(v)) {
+    ThrowInvalidArgument(std::string(name) + " must be a positive number of seconds");
+  }
+}
+
+}  // namespace
+
+void ClientOptions::Validate() const {
+  CheckPositive(connect_timeout_s, "connect timeout");
+  CheckPositive(info_timeout_s, "info timeout");
+  CheckPositive(timeout_s, "step timeout");
+  if (!(dead_cooldown_s >= 0) || !std::isfinite(dead_cooldown_s)) {
+    ThrowInvalidArgument("dead-node cooldown must be >= 0 seconds");
+  }
+  if (step_retries < 0) ThrowInvalidArgument("step retries must be >= 0");
+  if (tls_cert.empty() != tls_key.empty()) {
+    ThrowInvalidArgument("--tls-cert and --tls-key must be given together");
+  }
+  if (!tls_cert.empty() && tls_ca.empty()) {
+    ThrowInvalidArgument("a client certificate (--tls-cert) needs --tls-ca to verify the nodes");
+  }
+  if (!tls_server_name.empty() && tls_ca.empty()) {
+    ThrowInvalidArgument("--tls-server-name needs --tls-ca (TLS)");
+  }
+}
+
+void NodeServerOptions::Validate() const {
+  if (listen.empty()) ThrowInvalidArgument("--listen must be host:port");
+  if (tls_cert.empty() != tls_key.empty()) {
+    ThrowInvalidArgument("--tls-cert and --tls-key must be given together");
+  }
+  if (!tls_ca.empty() && tls_cert.empty()) {
+    ThrowInvalidArgument("--tls-ca (client certificate verification) needs --tls-cert/--tls-key");
+  }
+  if (max_rpc_threads < 2) ThrowInvalidArgument("max rpc threads must be >= 2");
+  if (max_bindings < 1) ThrowInvalidArgument("max bindings must be >= 1");
+  if (replay_cache_bytes < 0) ThrowInvalidArgument("replay cache bytes must be >= 0");
+}
+
+}  // namespace meshnet::rpc

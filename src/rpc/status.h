@@ -1,0 +1,41 @@
+// meshnet::Error <-> grpc::Status, the one place the two error models meet
+// (the table is in proto/meshnet.proto). Internal to rpc/.
+//
+// The node sends the exact ErrorKind name as trailing metadata
+// "meshnet-error-kind"; the client prefers it and falls back to the status
+// code, so a client can talk to a node that does not send it.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+inline constexpr const char* kErrorKindKey = "meshnet-error-kind";
+
+grpc::StatusCode StatusCodeFor(ErrorKind kind);
+// Status for a meshnet error (message kept), with the kind in `context`'s
+// trailing metadata when a context is given.
+grpc::Status ToStatus(const Error& e, grpc::ServerContext* context = nullptr);
+grpc::Status PermissionDenied(const std::string& message);
+
+// The kind for a status returned to a client. `kind_name` is the trailer value
+// if the node sent one. PERMISSION_DENIED and UNAUTHENTICATED map to
+// kPermissionDenied; UNAVAILABLE, DEADLINE_EXCEEDED and CANCELLED to
+// kUnavailable; unknown codes to kUnavailable (a broken peer).
+ErrorKind ErrorKindFor(grpc::StatusCode code, std::optional<std::string_view> kind_name);
+
+// Throws Error(kind) for a non-OK status: "<peer>: <method>: <message>".
+[[noreturn]] void ThrowForStatus(const grpc::Status& status, const grpc::ClientContext& context,
+                                 const std::string& peer, const char* method);
+
+std::optional<ErrorKind> ParseErrorKindName(std::string_view name);
+
+}  // namespace meshnet::rpc
