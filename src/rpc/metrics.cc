@@ -1,0 +1,127 @@
+#include "rpc/metrics.h"
+
+#include <string>
+
+#include "kv/cache_miss.h"
+#include "rpc/node_core.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(const char* name, const char* help, MetricType type) {
+  MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+ClientMetric Gauge(double v, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = v;
+  return m;
+}
+
+ClientMetric Counter(double v, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.counter.value = v;
+  return m;
+}
+
+void AddGauge(std::vector<MetricFamily>& out, const char* name, const char* help, double v) {
+  MetricFamily f = Family(name, help, MetricType::Gauge);
+  f.metric.push_back(Gauge(v));
+  out.push_back(std::move(f));
+}
+
+constexpr ErrorKind kKinds[] = {
+    ErrorKind::kInvalidArgument, ErrorKind::kStaleEpoch,      ErrorKind::kIncompatibleRecipe,
+    ErrorKind::kBudgetExceeded,  ErrorKind::kCacheMiss,       ErrorKind::kSessionBusy,
+    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile,  ErrorKind::kUnavailable,
+    ErrorKind::kPermissionDenied,
+};
+
+}  // namespace
+
+std::vector<MetricFamily> NodeMetrics::Collect() const {
+  std::vector<MetricFamily> out;
+  const kv::HotKvStats s = core_->manager().Stats();
+  NodeCounters& c = core_->counters();
+
+  AddGauge(out, "meshnet_kv_live_sessions", "Sessions with live KV state", s.live_sessions);
+  AddGauge(out, "meshnet_kv_pinned_sessions", "Sessions pinned by an in-flight step",
+           s.pinned_sessions);
+  AddGauge(out, "meshnet_kv_bytes_in_use", "KV bytes of committed positions", s.bytes_in_use);
+  AddGauge(out, "meshnet_kv_bytes_reserved", "KV bytes held in blocks", s.bytes_reserved);
+  AddGauge(out, "meshnet_kv_bytes_budget", "KV byte budget", s.bytes_budget);
+  AddGauge(out, "meshnet_kv_bytes_reserved_peak", "High-water mark of reserved KV bytes",
+           static_cast<double>(c.kv_bytes_reserved_peak.load()));
+  AddGauge(out, "meshnet_kv_blocks_used", "KV blocks in use", s.blocks_used);
+  AddGauge(out, "meshnet_kv_blocks_free", "KV blocks on the free list", s.blocks_free);
+  AddGauge(out, "meshnet_kv_blocks_capacity", "KV blocks the budget allows", s.blocks_capacity);
+  AddGauge(out, "meshnet_session_bindings", "Session-secret bindings remembered",
+           static_cast<double>(core_->bindings()));
+
+  MetricFamily hits = Family("meshnet_kv_hits_total", "Lookups that found live state",
+                             MetricType::Counter);
+  hits.metric.push_back(Counter(static_cast<double>(s.hits)));
+  out.push_back(std::move(hits));
+
+  MetricFamily misses =
+      Family("meshnet_kv_misses_total", "Cache misses answered, by reason", MetricType::Counter);
+  MetricFamily evictions =
+      Family("meshnet_kv_evictions_total", "Sessions dropped, by reason", MetricType::Counter);
+  for (int i = 0; i < kv::kNumCacheMissReasons; ++i) {
+    const std::string reason(kv::CacheMissReasonName(static_cast<kv::CacheMissReason>(i)));
+    misses.metric.push_back(Counter(static_cast<double>(s.misses[i]), {{"reason", reason}}));
+    evictions.metric.push_back(Counter(static_cast<double>(s.evictions[i]), {{"reason", reason}}));
+  }
+  out.push_back(std::move(misses));
+  out.push_back(std::move(evictions));
+
+  MetricFamily steps = Family("meshnet_steps_total", "Steps answered, by result",
+                              MetricType::Counter);
+  steps.metric.push_back(Counter(static_cast<double>(c.steps_bundle.load()), {{"result", "bundle"}}));
+  steps.metric.push_back(Counter(static_cast<double>(c.steps_tail.load()), {{"result", "tail"}}));
+  steps.metric.push_back(Counter(static_cast<double>(c.steps_miss.load()), {{"result", "miss"}}));
+  steps.metric.push_back(
+      Counter(static_cast<double>(c.steps_replayed.load()), {{"result", "replayed"}}));
+  out.push_back(std::move(steps));
+
+  MetricFamily errors = Family("meshnet_step_errors_total", "Failed calls, by error kind",
+                               MetricType::Counter);
+  for (ErrorKind k : kKinds) {
+    errors.metric.push_back(Counter(static_cast<double>(c.errors[static_cast<int>(k)].load()),
+                                    {{"kind", std::string(ErrorKindName(k))}}));
+  }
+  out.push_back(std::move(errors));
+
+  MetricFamily lat = Family("meshnet_step_latency_seconds", "Step latency on the node",
+                            MetricType::Histogram);
+  ClientMetric h;
+  uint64_t cumulative = 0;
+  for (int i = 0; i <= NodeCounters::kNumLatencyBuckets; ++i) {
+    cumulative += static_cast<uint64_t>(c.latency_buckets[i].load());
+    ClientMetric::Bucket b;
+    b.cumulative_count = cumulative;
+    b.upper_bound = i < NodeCounters::kNumLatencyBuckets
+                        ? NodeCounters::LatencyBucketBound(i)
+                        : std::numeric_limits<double>::infinity();
+    h.histogram.bucket.push_back(b);
+  }
+  h.histogram.sample_count = cumulative;
+  h.histogram.sample_sum = static_cast<double>(c.latency_sum_nanos.load()) * 1e-9;
+  lat.metric.push_back(std::move(h));
+  out.push_back(std::move(lat));
+  return out;
+}
+
+}  // namespace meshnet::rpc

@@ -1,0 +1,368 @@
+#include "rpc/remote.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "mesh/route_planner.h"
+#include "proto/meshnet.grpc.pb.h"
+#include "rpc/auth.h"
+#include "rpc/codec.h"
+#include "rpc/server.h"
+#include "rpc/status.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+namespace {
+
+constexpr int kMaxMessageBytes = 1 << 30;
+
+std::chrono::system_clock::time_point After(double seconds) {
+  return std::chrono::system_clock::now() +
+         std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ClientOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect quickly after a node restarts; the generator decides what is dead.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // One connection per endpoint object, not shared through the global pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (!o.tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadPemFile(o.tls_ca, "TLS CA");
+    if (!o.tls_cert.empty()) {
+      ssl.pem_cert_chain = ReadPemFile(o.tls_cert, "TLS certificate");
+      ssl.pem_private_key = ReadPemFile(o.tls_key, "TLS key");
+    }
+    creds = grpc::SslCredentials(ssl);
+    if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  return grpc::CreateCustomChannel(address, creds, args);
+}
+
+NodeInfo DecodeNodeInfo(const pb::InfoResponse& r) {
+  NodeInfo info;
+  info.shard = DecodeInfo(r);
+  info.protocol_version = r.protocol_version();
+  info.instance_id = r.instance_id();
+  info.kv_bytes_reserved = r.kv_bytes_reserved();
+  info.kv_bytes_reserved_peak = r.kv_bytes_reserved_peak();
+  info.steps_served = r.steps_served();
+  info.n_embd = r.n_embd();
+  info.vocab_size = r.vocab_size();
+  return info;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// RemoteEndpoint
+
+struct RemoteEndpoint::Impl {
+  std::string address;
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::MeshNode::Stub> stub;
+  std::string bearer;
+
+  void Prepare(grpc::ClientContext& ctx, double timeout_s, bool wait_for_ready) const {
+    ctx.set_deadline(After(timeout_s));
+    ctx.set_wait_for_ready(wait_for_ready);
+    if (!bearer.empty()) ctx.AddMetadata("authorization", bearer);
+  }
+};
+
+RemoteEndpoint::RemoteEndpoint(std::string address, const ClientOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  options.Validate();
+  impl_->address = std::move(address);
+  impl_->options = options;
+  impl_->channel = MakeChannel(impl_->address, options);
+  impl_->stub = pb::MeshNode::NewStub(impl_->channel);
+  if (!options.auth_token.empty()) impl_->bearer = BearerValue(options.auth_token);
+}
+
+RemoteEndpoint::~RemoteEndpoint() = default;
+
+std::string RemoteEndpoint::name() const { return impl_->address; }
+
+mesh::ShardInfo RemoteEndpoint::Info() { return InfoFull().shard; }
+
+NodeInfo RemoteEndpoint::InfoFull() {
+  grpc::ClientContext ctx;
+  // Waits for a (re)connection within the deadline: a restarting node counts.
+  impl_->Prepare(ctx, impl_->options.info_timeout_s, /*wait_for_ready=*/true);
+  pb::InfoResponse resp;
+  const grpc::Status s = impl_->stub->Info(&ctx, pb::InfoRequest(), &resp);
+  if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Info");
+  return DecodeNodeInfo(resp);
+}
+
+mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
+  const ClientOptions& o = impl_->options;
+  pb::StepRequest req;
+  EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits, &req);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    impl_->Prepare(ctx, o.timeout_s, /*wait_for_ready=*/false);
+    pb::StepResponse resp;
+    const grpc::Status s = impl_->stub->Step(&ctx, req, &resp);
+    if (s.ok()) {
+      try {
+        return DecodeStepResponse(resp, request.route_epoch);
+      } catch (const Error& e) {
+        throw Error(ErrorKind::kUnavailable,
+                    impl_->address + ": Step: malformed answer from the node: " + e.what());
+      }
+    }
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < o.step_retries &&
+        impl_->channel->WaitForConnected(After(o.connect_timeout_s))) {
+      spdlog::debug("{}: step {} unavailable ({}); retrying", impl_->address, request.step_id,
+                    s.error_message());
+      continue;
+    }
+    ThrowForStatus(s, ctx, impl_->address, "Step");
+  }
+}
+
+bool RemoteEndpoint::ReleaseOrThrow(const std::string& session_id,
+                                    const std::string& session_secret, int64_t route_epoch) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.info_timeout_s, /*wait_for_ready=*/false);
+  pb::ReleaseRequest req;
+  req.set_session_id(session_id);
+  req.set_session_secret(session_secret);
+  req.set_route_epoch(route_epoch);
+  pb::ReleaseResponse resp;
+  const grpc::Status s = impl_->stub->Release(&ctx, req, &resp);
+  if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Release");
+  return resp.released();
+}
+
+void RemoteEndpoint::Release(const std::string& session_id, const std::string& session_secret,
+                             int64_t route_epoch) {
+  try {
+    ReleaseOrThrow(session_id, session_secret, route_epoch);
+  } catch (const Error& e) {
+    spdlog::debug("{}", e.what());  // best effort
+  }
+}
+
+int64_t RemoteEndpoint::Truncate(const std::string& session_id,
+                                 const std::string& session_secret, int64_t route_epoch,
+                                 int64_t length) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout_s, /*wait_for_ready=*/false);
+  pb::TruncateRequest req;
+  req.set_session_id(session_id);
+  req.set_session_secret(session_secret);
+  req.set_route_epoch(route_epoch);
+  req.set_length(length);
+  pb::TruncateResponse resp;
+  const grpc::Status s = impl_->stub->Truncate(&ctx, req, &resp);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND && resp.has_miss()) {
+    throw kv::CacheMissError(DecodeCacheMiss(resp.miss()));
+  }
+  if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Truncate");
+  return resp.seq_len();
+}
+
+// ---------------------------------------------------------------------------
+// RemoteRouteProvider
+
+struct RemoteRouteProvider::Impl {
+  ClientOptions options;
+  std::vector<std::shared_ptr<RemoteEndpoint>> endpoints;
+
+  struct NodeState {
+    bool dead = false;
+    std::chrono::steady_clock::time_point dead_since;
+    std::string dead_instance;  // instance id when it was marked dead
+    std::string last_instance;  // from the latest Info
+  };
+  std::mutex mu;
+  std::vector<NodeState> state;  // GUARDED_BY(mu), parallel to endpoints
+};
+
+RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses,
+                                         const ClientOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  if (node_addresses.empty()) ThrowInvalidArgument("no nodes given");
+  std::set<std::string> seen;
+  for (const auto& a : node_addresses) {
+    if (!seen.insert(a).second) ThrowInvalidArgument("node " + a + " is listed twice");
+  }
+  impl_->options = options;
+  for (auto& a : node_addresses) {
+    impl_->endpoints.push_back(std::make_shared<RemoteEndpoint>(std::move(a), options));
+  }
+  impl_->state.resize(impl_->endpoints.size());
+}
+
+RemoteRouteProvider::~RemoteRouteProvider() = default;
+
+const std::vector<std::shared_ptr<RemoteEndpoint>>& RemoteRouteProvider::endpoints() const {
+  return impl_->endpoints;
+}
+
+void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (size_t i = 0; i < impl_->endpoints.size(); ++i) {
+    if (impl_->endpoints[i].get() != &endpoint) continue;
+    auto& st = impl_->state[i];
+    st.dead = true;
+    st.dead_since = std::chrono::steady_clock::now();
+    st.dead_instance = st.last_instance;
+    spdlog::warn("node {} marked dead", endpoint.name());
+  }
+}
+
+mesh::Route RemoteRouteProvider::Plan() {
+  Impl& m = *impl_;
+  const size_t n = m.endpoints.size();
+  // Ask every node at once (no lock held across the calls).
+  std::vector<std::future<NodeInfo>> futures;
+  futures.reserve(n);
+  for (const auto& ep : m.endpoints) {
+    futures.push_back(std::async(std::launch::async, [ep] { return ep->InfoFull(); }));
+  }
+  std::vector<std::optional<NodeInfo>> infos(n);
+  std::vector<std::string> notes;
+  bool denied = false;
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      infos[i] = futures[i].get();
+    } catch (const Error& e) {
+      denied = denied || e.kind() == ErrorKind::kPermissionDenied;
+      notes.push_back(m.endpoints[i]->name() + " unreachable (" + e.what() + ")");
+    } catch (const std::exception& e) {
+      notes.push_back(m.endpoints[i]->name() + " unreachable (" + e.what() + ")");
+    }
+  }
+
+  std::vector<size_t> usable;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      if (!infos[i]) continue;
+      auto& st = m.state[i];
+      st.last_instance = infos[i]->instance_id;
+      if (st.dead) {
+        const double dead_for = std::chrono::duration<double>(now - st.dead_since).count();
+        if (infos[i]->instance_id != st.dead_instance || dead_for >= m.options.dead_cooldown_s) {
+          st.dead = false;  // restarted, or cooled down
+          spdlog::info("node {} is back", m.endpoints[i]->name());
+        } else {
+          notes.push_back(m.endpoints[i]->name() + " marked dead");
+          continue;
+        }
+      }
+      if (infos[i]->protocol_version != kProtocolVersion) {
+        notes.push_back(m.endpoints[i]->name() + " speaks protocol v" +
+                        std::to_string(infos[i]->protocol_version));
+        continue;
+      }
+      usable.push_back(i);
+    }
+  }
+  auto with_notes = [&](std::string msg) {
+    if (!notes.empty()) {
+      msg += " (";
+      for (size_t i = 0; i < notes.size(); ++i) msg += (i ? "; " : "") + notes[i];
+      msg += ")";
+    }
+    return msg;
+  };
+  if (usable.empty()) {
+    // A wrong token or certificate is a configuration error, not a dead mesh.
+    throw Error(denied ? ErrorKind::kPermissionDenied : ErrorKind::kUnavailable,
+                with_notes("no node is available"));
+  }
+
+  // One model across the mesh.
+  const mesh::ShardInfo& ref = infos[usable.front()]->shard;
+  for (size_t i : usable) {
+    const mesh::ShardInfo& s = infos[i]->shard;
+    if (s.model_id != ref.model_id || s.architecture != ref.architecture ||
+        s.total_layers != ref.total_layers) {
+      ThrowInvalidArgument("nodes serve different models: " + m.endpoints[usable.front()]->name() +
+                           " serves " + ref.architecture + " model " + ref.model_id.substr(0, 16) +
+                           " (" + std::to_string(ref.total_layers) + " layers) but " +
+                           m.endpoints[i]->name() + " serves " + s.architecture + " model " +
+                           s.model_id.substr(0, 16) + " (" + std::to_string(s.total_layers) +
+                           " layers)");
+    }
+  }
+
+  std::vector<mesh::RouteCandidate> candidates;
+  for (size_t i : usable) {
+    const mesh::ShardInfo& s = infos[i]->shard;
+    candidates.push_back({m.endpoints[i]->name(), s.start_layer, s.end_layer, s.live_sessions,
+                          s.kv_bytes_free});
+  }
+  std::vector<size_t> picked;
+  try {
+    picked = mesh::PlanRoute(candidates, ref.total_layers);
+  } catch (const Error& e) {
+    throw Error(e.kind(), with_notes(e.what()));
+  }
+  mesh::Route route;
+  for (size_t k : picked) route.hops.push_back(m.endpoints[usable[k]]);
+  return route;
+}
+
+std::unique_ptr<RemoteRouteProvider> MakeRemoteRouteProvider(
+    const std::vector<std::string>& node_addresses, const ClientOptions& options) {
+  return std::make_unique<RemoteRouteProvider>(node_addresses, options);
+}
+
+std::vector<std::string> ParseNodeList(const std::string& csv) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = csv.find(',', pos);
+    std::string item = csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const size_t b = item.find_first_not_of(" \t");
+    const size_t e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    const size_t colon = item.rfind(':');
+    int port = 0;
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < item.size();
+    if (ok) {
+      const char* p = item.data() + colon + 1;
+      const char* end = item.data() + item.size();
+      auto [q, ec] = std::from_chars(p, end, port);
+      ok = ec == std::errc() && q == end && port >= 1 && port <= 65535;
+    }
+    if (!ok) {
+      ThrowInvalidArgument("invalid node address '" + item + "' in --nodes '" + csv +
+                           "': expected host:port with a port in 1..65535");
+    }
+    if (std::find(out.begin(), out.end(), item) != out.end()) {
+      ThrowInvalidArgument("node " + item + " is listed twice in --nodes");
+    }
+    out.push_back(item);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace meshnet::rpc

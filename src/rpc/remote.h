@@ -1,0 +1,98 @@
+// The client side of the mesh over gRPC: a ShardEndpoint per node and a
+// RouteProvider that plans routes over a list of nodes. No gRPC types here;
+// `meshnet generate --nodes` includes this.
+//
+//   rpc::ClientOptions opts;                       // token, TLS, timeouts
+//   auto provider = rpc::MakeRemoteRouteProvider({"127.0.0.1:7001", ...}, opts);
+//   mesh::Generate(*provider, prompt_ids, gen_options);
+//
+// RemoteEndpoint::Step sends one unary call with a deadline. UNAVAILABLE is
+// retried (same step id; the node answers a retry from its idempotency cache)
+// after waiting up to connect_timeout for the connection; UNAVAILABLE,
+// DEADLINE_EXCEEDED, CANCELLED or a corrupt answer then throw
+// Error(kUnavailable), which the generator treats as a dead hop. Other
+// statuses map back to their meshnet ErrorKind (table in proto/meshnet.proto).
+//
+// RemoteRouteProvider::Plan asks every node for Info (in parallel), checks that
+// all answering nodes serve one model (same model id, architecture and layer
+// count; otherwise Error(kInvalidArgument) naming them), and plans with
+// mesh::PlanRoute (fewest hops, then least loaded). A node marked dead is left
+// out for dead_cooldown_s, or until its Info shows a new instance id (a
+// restart).
+//
+// Thread-safety: endpoints and the provider are safe to use from several
+// threads (one channel per node, shared).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh/endpoint.h"
+#include "mesh/generator.h"
+#include "rpc/options.h"
+
+namespace meshnet::rpc {
+
+// Info plus what only a networked node has.
+struct NodeInfo {
+  mesh::ShardInfo shard;
+  uint32_t protocol_version = 0;
+  std::string instance_id;
+  int64_t kv_bytes_reserved = 0;
+  int64_t kv_bytes_reserved_peak = 0;
+  int64_t steps_served = 0;
+  int n_embd = 0;
+  int vocab_size = 0;
+};
+
+class RemoteEndpoint final : public mesh::ShardEndpoint {
+ public:
+  // Validates options; reads TLS files (kInvalidArgument if unreadable). The
+  // channel connects lazily.
+  RemoteEndpoint(std::string address, const ClientOptions& options);
+  ~RemoteEndpoint() override;
+
+  std::string name() const override;  // the address
+  mesh::ShardInfo Info() override;
+  NodeInfo InfoFull();
+  mesh::StepResult Step(mesh::StepRequest request) override;
+  void Release(const std::string& session_id, const std::string& session_secret,
+               int64_t route_epoch) override;
+  // Keeps the first `length` positions. A miss throws kv::CacheMissError.
+  int64_t Truncate(const std::string& session_id, const std::string& session_secret,
+                   int64_t route_epoch, int64_t length);
+  // Release that reports failures (for tests and tools): true if state was held.
+  bool ReleaseOrThrow(const std::string& session_id, const std::string& session_secret,
+                      int64_t route_epoch);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class RemoteRouteProvider final : public mesh::RouteProvider {
+ public:
+  // Throws kInvalidArgument for an empty or duplicated address list.
+  RemoteRouteProvider(std::vector<std::string> node_addresses, const ClientOptions& options);
+  ~RemoteRouteProvider() override;
+
+  mesh::Route Plan() override;
+  void MarkDead(const mesh::ShardEndpoint& endpoint) override;
+  const std::vector<std::shared_ptr<RemoteEndpoint>>& endpoints() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What `meshnet generate --nodes` calls.
+std::unique_ptr<RemoteRouteProvider> MakeRemoteRouteProvider(
+    const std::vector<std::string>& node_addresses, const ClientOptions& options);
+
+// "a:1,b:2" -> {"a:1", "b:2"}; each must be host:port with a port in 1..65535.
+// Throws kInvalidArgument naming the bad entry.
+std::vector<std::string> ParseNodeList(const std::string& csv);
+
+}  // namespace meshnet::rpc

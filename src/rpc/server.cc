@@ -1,0 +1,235 @@
+// NodeServer: the MeshNode service over NodeCore, the health service and the
+// metrics exposer. The service methods only check the cluster token, delegate
+// to NodeCore and turn meshnet::Error into a gRPC status (rpc/status.h).
+#include "rpc/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
+#include <prometheus/exposer.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "proto/meshnet.grpc.pb.h"
+#include "rpc/auth.h"
+#include "rpc/metrics.h"
+#include "rpc/node_core.h"
+#include "rpc/status.h"
+#include "shard/kv_boundary_adapter.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+namespace {
+
+constexpr int kMaxMessageBytes = 1 << 30;
+
+// "host:port" -> host ("[::1]:0" -> "[::1]").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+class MeshNodeService final : public pb::MeshNode::Service {
+ public:
+  MeshNodeService(NodeCore* core, const std::string& auth_token)
+      : core_(core),
+        token_digest_(auth_token.empty() ? "" : SecretDigest(BearerValue(auth_token))) {}
+
+  grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
+                    pb::InfoResponse* out) override {
+    return Run(ctx, [&] { core_->Info(out); });
+  }
+
+  grpc::Status Step(grpc::ServerContext* ctx, const pb::StepRequest* req,
+                    pb::StepResponse* out) override {
+    return Run(ctx, [&] { core_->Step(*req, out); });
+  }
+
+  grpc::Status StepStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<pb::StepResponse, pb::StepRequest>* stream) override {
+    if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+    pb::StepRequest req;
+    pb::StepResponse out;
+    while (stream->Read(&req)) {
+      out.Clear();
+      grpc::Status s = Run(ctx, [&] { core_->Step(req, &out); }, /*check_token=*/false);
+      if (!s.ok()) return s;
+      if (!stream->Write(out)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Truncate(grpc::ServerContext* ctx, const pb::TruncateRequest* req,
+                        pb::TruncateResponse* out) override {
+    return Run(ctx, [&] { core_->Truncate(*req, out); });
+  }
+
+  grpc::Status Release(grpc::ServerContext* ctx, const pb::ReleaseRequest* req,
+                       pb::ReleaseResponse* out) override {
+    return Run(ctx, [&] { core_->Release(*req, out); });
+  }
+
+ private:
+  grpc::Status CheckToken(grpc::ServerContext* ctx) const {
+    if (token_digest_.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    const std::string presented =
+        it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+    // Digest comparison: constant time in the token's content and length.
+    if (!SecretMatches(presented, token_digest_)) {
+      core_->counters().CountError(ErrorKind::kPermissionDenied);
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token");
+    }
+    return grpc::Status::OK;
+  }
+
+  template <typename F>
+  grpc::Status Run(grpc::ServerContext* ctx, F&& body, bool check_token = true) {
+    if (check_token) {
+      if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+    }
+    try {
+      body();
+      return grpc::Status::OK;
+    } catch (const Error& e) {
+      spdlog::debug("call from {} failed: {}: {}", ctx->peer(), ErrorKindName(e.kind()), e.what());
+      return ToStatus(e, ctx);
+    } catch (const std::exception& e) {
+      spdlog::error("call from {} failed unexpectedly: {}", ctx->peer(), e.what());
+      return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
+    }
+  }
+
+  NodeCore* core_;
+  std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
+};
+
+}  // namespace
+
+std::string ReadPemFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.find("-----BEGIN") == std::string::npos) {
+    ThrowInvalidArgument(std::string(what) + " file '" + path + "' is not PEM");
+  }
+  return text;
+}
+
+struct NodeServer::Impl {
+  NodeServerOptions options;
+  NodeCore core;
+  MeshNodeService service;
+  std::shared_ptr<NodeMetrics> metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<grpc::Server> server;
+  std::string bound;
+  std::string metrics_bound;
+  std::mutex shutdown_mu;
+  bool stopped = false;
+
+  Impl(shard::KvBoundaryAdapter* adapter, std::string model_id, NodeServerOptions opts)
+      : options(std::move(opts)),
+        core(adapter, std::move(model_id),
+             NodeCoreOptions{options.max_bindings, options.replay_cache_bytes}),
+        service(&core, options.auth_token) {}
+};
+
+NodeServer::NodeServer(shard::KvBoundaryAdapter* adapter, std::string model_id,
+                       NodeServerOptions options) {
+  options.Validate();
+  impl_ = std::make_unique<Impl>(adapter, std::move(model_id), std::move(options));
+}
+
+NodeServer::~NodeServer() { Shutdown(0); }
+
+void NodeServer::Start() {
+  Impl& m = *impl_;
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!m.options.tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions ssl(
+        m.options.tls_ca.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    if (!m.options.tls_ca.empty()) {
+      ssl.pem_root_certs = ReadPemFile(m.options.tls_ca, "TLS CA");
+    }
+    ssl.pem_key_cert_pairs.push_back({ReadPemFile(m.options.tls_key, "TLS key"),
+                                      ReadPemFile(m.options.tls_cert, "TLS certificate")});
+    creds = grpc::SslServerCredentials(ssl);
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(m.options.listen, creds, &port);
+  builder.RegisterService(&m.service);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  grpc::ResourceQuota quota("meshnet-node");
+  quota.SetMaxThreads(m.options.max_rpc_threads);
+  builder.SetResourceQuota(quota);
+  m.server = builder.BuildAndStart();
+  if (!m.server || port == 0) {
+    m.server.reset();
+    throw Error(ErrorKind::kUnavailable, "cannot listen on '" + m.options.listen +
+                                             "' (address in use, or not host:port?)");
+  }
+  m.bound = HostOf(m.options.listen) + ":" + std::to_string(port);
+  if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(true);
+
+  if (!m.options.metrics_listen.empty()) {
+    try {
+      m.exposer = std::make_unique<prometheus::Exposer>(m.options.metrics_listen);
+    } catch (const std::exception& e) {
+      Shutdown(0);
+      throw Error(ErrorKind::kUnavailable, "cannot serve metrics on '" +
+                                               m.options.metrics_listen + "': " + e.what());
+    }
+    m.metrics = std::make_shared<NodeMetrics>(&m.core);
+    m.exposer->RegisterCollectable(m.metrics);
+    const auto ports = m.exposer->GetListeningPorts();
+    m.metrics_bound = HostOf(m.options.metrics_listen) + ":" +
+                      std::to_string(ports.empty() ? 0 : ports.front());
+  }
+  spdlog::info("node {} serving layers {}-{} on {} (tls={}, mtls={}, token={}, metrics={})",
+               m.core.instance_id().substr(0, 8), m.core.adapter().role().start_layer,
+               m.core.adapter().role().end_layer, m.bound, !m.options.tls_cert.empty(),
+               !m.options.tls_ca.empty(), !m.options.auth_token.empty(),
+               m.metrics_bound.empty() ? "off" : m.metrics_bound);
+}
+
+std::string NodeServer::bound_address() const { return impl_->bound; }
+std::string NodeServer::metrics_address() const { return impl_->metrics_bound; }
+std::string NodeServer::instance_id() const { return impl_->core.instance_id(); }
+
+void NodeServer::Shutdown(double grace_seconds) {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.shutdown_mu);
+  if (m.stopped) return;
+  m.stopped = true;
+  if (m.server) {
+    if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(false);
+    const auto deadline =
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, grace_seconds) * 1000));
+    m.server->Shutdown(deadline);  // waits for in-flight calls until the deadline
+    m.server->Wait();
+    spdlog::info("node on {} stopped", m.bound);
+  }
+  m.exposer.reset();
+}
+
+}  // namespace meshnet::rpc

@@ -1,0 +1,57 @@
+// NodeServer: a meshnet node on gRPC. Serves the MeshNode service
+// (proto/meshnet.proto) for one shard, the standard gRPC health service, and
+// optionally a Prometheus /metrics endpoint. No gRPC types in this header.
+//
+//   NodeServer server(&adapter, model_id, options);
+//   server.Start();                 // binds; bound_address() is now known
+//   ... wait for a signal ...
+//   server.Shutdown(10.0);          // stop accepting, finish in-flight steps
+//
+// Every MeshNode call checks the cluster token (when one is configured) in
+// constant time; the health service is open.
+//
+// Thread-safety: Start/Shutdown from one thread; the accessors from any.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rpc/options.h"
+
+namespace meshnet::shard {
+class KvBoundaryAdapter;
+}
+
+namespace meshnet::rpc {
+
+class NodeServer {
+ public:
+  // `adapter` must outlive the server. Validates options (kInvalidArgument).
+  NodeServer(shard::KvBoundaryAdapter* adapter, std::string model_id, NodeServerOptions options);
+  ~NodeServer();  // Shutdown(0) if still running
+  NodeServer(const NodeServer&) = delete;
+  NodeServer& operator=(const NodeServer&) = delete;
+
+  // Binds and starts serving. Throws Error(kInvalidArgument) for unreadable
+  // TLS files and Error(kUnavailable) when the address cannot be bound.
+  void Start();
+  // "host:port" actually bound (port 0 resolved).
+  std::string bound_address() const;
+  // "host:port" of /metrics, empty without an exposer.
+  std::string metrics_address() const;
+  // The random id of this process's node (changes on restart).
+  std::string instance_id() const;
+  // Stops accepting calls and waits up to `grace_seconds` for in-flight calls,
+  // then cancels the rest. Idempotent.
+  void Shutdown(double grace_seconds);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a whole (PEM) file; Error(kInvalidArgument) naming it if unreadable.
+std::string ReadPemFile(const std::string& path, const char* what);
+
+}  // namespace meshnet::rpc
