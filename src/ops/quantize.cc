@@ -329,10 +329,18 @@ void QuantizeRow(GgmlType type, const float* src, int64_t n, void* dst) {
       for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(src[i]);
       return;
     }
-    case GgmlType::kQ8_0: QuantizeQ8_0(src, n, static_cast<BlockQ8_0*>(dst)); return;
-    case GgmlType::kQ4_0: QuantizeQ4_0(src, n, static_cast<BlockQ4_0*>(dst)); return;
-    case GgmlType::kQ4_K: QuantizeQ4_K(src, n, static_cast<BlockQ4_K*>(dst)); return;
-    case GgmlType::kQ6_K: QuantizeQ6_K(src, n, static_cast<BlockQ6_K*>(dst)); return;
+    case GgmlType::kQ8_0:
+      QuantizeQ8_0(src, n, static_cast<BlockQ8_0*>(dst));
+      return;
+    case GgmlType::kQ4_0:
+      QuantizeQ4_0(src, n, static_cast<BlockQ4_0*>(dst));
+      return;
+    case GgmlType::kQ4_K:
+      QuantizeQ4_K(src, n, static_cast<BlockQ4_K*>(dst));
+      return;
+    case GgmlType::kQ6_K:
+      QuantizeQ6_K(src, n, static_cast<BlockQ6_K*>(dst));
+      return;
   }
 }
 
@@ -351,10 +359,18 @@ void DequantizeRow(GgmlType type, const void* src, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(in[i]);
       return;
     }
-    case GgmlType::kQ8_0: DequantizeQ8_0(static_cast<const BlockQ8_0*>(src), n, dst); return;
-    case GgmlType::kQ4_0: DequantizeQ4_0(static_cast<const BlockQ4_0*>(src), n, dst); return;
-    case GgmlType::kQ4_K: DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), n, dst); return;
-    case GgmlType::kQ6_K: DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), n, dst); return;
+    case GgmlType::kQ8_0:
+      DequantizeQ8_0(static_cast<const BlockQ8_0*>(src), n, dst);
+      return;
+    case GgmlType::kQ4_0:
+      DequantizeQ4_0(static_cast<const BlockQ4_0*>(src), n, dst);
+      return;
+    case GgmlType::kQ4_K:
+      DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), n, dst);
+      return;
+    case GgmlType::kQ6_K:
+      DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), n, dst);
+      return;
   }
 }
 

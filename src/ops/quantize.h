@@ -45,14 +45,14 @@ struct BlockQ8_0 {
   int8_t qs[kQK8_0];
 };
 struct BlockQ4_0 {
-  uint16_t d;                // f16 scale
-  uint8_t qs[kQK4_0 / 2];    // element j in low nibble of qs[j], j+16 in the high nibble
+  uint16_t d;              // f16 scale
+  uint8_t qs[kQK4_0 / 2];  // element j in low nibble of qs[j], j+16 in the high nibble
 };
 struct BlockQ4_K {
-  uint16_t d;                 // f16 super-block scale for the 6-bit scales
-  uint16_t dmin;              // f16 super-block scale for the 6-bit mins
+  uint16_t d;                   // f16 super-block scale for the 6-bit scales
+  uint16_t dmin;                // f16 super-block scale for the 6-bit mins
   uint8_t scales[kKScaleSize];  // 8 x (6-bit scale, 6-bit min), packed
-  uint8_t qs[kQK_K / 2];      // nibbles; value = d*sc*q - dmin*m
+  uint8_t qs[kQK_K / 2];        // nibbles; value = d*sc*q - dmin*m
 };
 struct BlockQ6_K {
   uint8_t ql[kQK_K / 2];      // low 4 bits

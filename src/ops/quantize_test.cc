@@ -156,22 +156,23 @@ TEST_P(RoundTrip, ErrorIsBounded) {
       se += (x[i] - y[i]) * static_cast<double>(x[i] - y[i]);
       sx += static_cast<double>(x[i]) * x[i];
     }
-    EXPECT_LE(std::sqrt(se / sx), c.max_rel_rmse) << GgmlTypeInfoOf(c.type).name << " seed " << seed;
+    EXPECT_LE(std::sqrt(se / sx), c.max_rel_rmse)
+        << GgmlTypeInfoOf(c.type).name << " seed " << seed;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllTypes, RoundTrip,
-    ::testing::Values(RoundTripCase{GgmlType::kF32, 7, 0.0}, RoundTripCase{GgmlType::kF16, 33, 1e-3},
-                      RoundTripCase{GgmlType::kBF16, 1, 8e-3},
-                      RoundTripCase{GgmlType::kBF16, 65, 8e-3},
-                      RoundTripCase{GgmlType::kQ8_0, 32, 0.01},
-                      RoundTripCase{GgmlType::kQ8_0, 96 * 32, 0.02},
-                      RoundTripCase{GgmlType::kQ4_0, 32 * 5, 0.15},
-                      RoundTripCase{GgmlType::kQ4_K, 256, 0.12},
-                      RoundTripCase{GgmlType::kQ4_K, 256 * 3, 0.12},
-                      RoundTripCase{GgmlType::kQ6_K, 256, 0.04},
-                      RoundTripCase{GgmlType::kQ6_K, 256 * 3, 0.04}));
+INSTANTIATE_TEST_SUITE_P(AllTypes, RoundTrip,
+                         ::testing::Values(RoundTripCase{GgmlType::kF32, 7, 0.0},
+                                           RoundTripCase{GgmlType::kF16, 33, 1e-3},
+                                           RoundTripCase{GgmlType::kBF16, 1, 8e-3},
+                                           RoundTripCase{GgmlType::kBF16, 65, 8e-3},
+                                           RoundTripCase{GgmlType::kQ8_0, 32, 0.01},
+                                           RoundTripCase{GgmlType::kQ8_0, 96 * 32, 0.02},
+                                           RoundTripCase{GgmlType::kQ4_0, 32 * 5, 0.15},
+                                           RoundTripCase{GgmlType::kQ4_K, 256, 0.12},
+                                           RoundTripCase{GgmlType::kQ4_K, 256 * 3, 0.12},
+                                           RoundTripCase{GgmlType::kQ6_K, 256, 0.04},
+                                           RoundTripCase{GgmlType::kQ6_K, 256 * 3, 0.04}));
 
 TEST(Quantize, AllZeroRowsStayZero) {
   for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {

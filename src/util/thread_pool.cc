@@ -131,9 +131,7 @@ void ThreadPool::WorkerLoop() {
   t_current_pool = this;
   uint64_t seen = 0;  // generation at construction; a job may already be published
   for (;;) {
-    auto published = [&] {
-      return Generation(state_.load(std::memory_order_acquire)) != seen;
-    };
+    auto published = [&] { return Generation(state_.load(std::memory_order_acquire)) != seen; };
     if (!SpinUntil(published)) {
       std::unique_lock<std::mutex> lock(wake_mu_);
       wake_cv_.wait(lock, published);

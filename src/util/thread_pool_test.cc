@@ -53,8 +53,7 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
 
 TEST(ThreadPool, DefaultUsesHardwareThreads) {
   ThreadPool pool;
-  EXPECT_EQ(pool.num_threads(),
-            std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  EXPECT_EQ(pool.num_threads(), std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
 }
 
 TEST(ThreadPool, SingleThreadPoolRunsOnCaller) {
@@ -88,7 +87,9 @@ TEST(ThreadPool, WorkersAndCallerRunConcurrently) {
 TEST(ThreadPool, DoesNotAllocatePerCall) {
   ThreadPool pool(2);
   std::vector<int64_t> sums(64, 0);
-  pool.ParallelFor(64, [&](int64_t b, int64_t e) { for (; b < e; ++b) sums[b] += b; });  // warm
+  pool.ParallelFor(64, [&](int64_t b, int64_t e) {
+    for (; b < e; ++b) sums[b] += b;
+  });  // warm
   const int64_t before = t_allocations;
   for (int rep = 0; rep < 100; ++rep) {
     pool.ParallelFor(64, [&](int64_t b, int64_t e) {

@@ -1,0 +1,367 @@
+// Highway kernels for ops/matmul.h, compiled once per SIMD target and chosen
+// at run time (HWY_DYNAMIC_DISPATCH).
+//
+// Quantized weights: a tile of R weight rows x T tokens is computed at once.
+// For every 32-element block, each row's codes are widened to int16 (one
+// vector per 16 elements) and multiplied with the int16 activations by
+// ReorderWidenMulAccumulate (pmaddwd), which is exact; the int32 sums are
+// converted and scaled by (weight scale * activation scale) into float
+// accumulators. Offsets (Q4_0's -8, Q4_K's mins) are applied per block with
+// the precomputed d*sum(q) of the activation block. Q6_K's per-16 scales are
+// folded into the codes ((q-32)*sc fits int16). Vectors are capped at 16
+// int16 lanes so a vector never straddles a Q6_K scale or a Q4 nibble half.
+//
+// Float weights (F32/F16/BF16): rows are widened to f32 and FMA'd against
+// float activations with full-width vectors; odd tails are scalar.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/matmul_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "ops/half_inline.h"
+#include "ops/matmul_kernels.h"
+#include "ops/quantize.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace meshnet::ops::internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D16 = hn::CappedTag<int16_t, 16>;
+using D32 = hn::Repartition<int32_t, D16>;
+using DF32 = hn::Repartition<float, D16>;  // float lanes matching D32
+using DU8 = hn::Rebind<uint8_t, D16>;
+using DI8 = hn::Rebind<int8_t, D16>;
+using V16 = hn::Vec<D16>;
+
+HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// ---------------------------------------------------------------- activations
+
+void QuantizeActsImpl(const float* x, int64_t cols, int64_t t_begin, int64_t t_end, int16_t* q,
+                      float* d, float* dxs) {
+  const hn::CappedTag<float, 32> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int16_t, decltype(df)> dq;
+  const size_t n = hn::Lanes(df);
+  const int64_t nb = cols / 32;
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + t * cols + b * 32;
+      int16_t* qb = q + t * cols + b * 32;
+      auto vmax = hn::Zero(df);
+      for (size_t i = 0; i < 32; i += n) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + i)));
+      const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      const float scale = amax / 127.0f;
+      const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+      const auto vinv = hn::Set(df, inv);
+      auto vsum = hn::Zero(di);
+      for (size_t i = 0; i < 32; i += n) {
+        const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vinv));
+        vsum = hn::Add(vsum, qi);
+        hn::StoreU(hn::DemoteTo(dq, qi), dq, qb + i);
+      }
+      const int32_t sum = hn::GetLane(hn::SumOfLanes(di, vsum));
+      d[t * nb + b] = scale;
+      dxs[t * nb + b] = scale * static_cast<float>(sum);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- formats
+// Each format: kSuper elements per super-block of kBytes, kSub 32-blocks in it;
+// Header(p) reads per-32-block float scale and offset; Code(p, h, j, e) returns
+// the int16 codes of elements [e, e + Lanes(D16)) of 32-block j.
+
+struct SubScales {
+  float scale[8];
+  float off[8];
+};
+
+struct Q8_0Fmt {
+  static constexpr int kSuper = 32, kBytes = 34, kSub = 1;
+  static constexpr bool kHasOff = false;
+  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
+    h->scale[0] = HalfToFloatFast(LoadU16(p));
+  }
+  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int, size_t e) {
+    return hn::PromoteTo(D16(), hn::LoadU(DI8(), reinterpret_cast<const int8_t*>(p + 2) + e));
+  }
+};
+
+struct Q4_0Fmt {
+  static constexpr int kSuper = 32, kBytes = 18, kSub = 1;
+  static constexpr bool kHasOff = true;
+  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
+    h->scale[0] = HalfToFloatFast(LoadU16(p));
+    h->off[0] = 8.0f * h->scale[0];
+  }
+  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int, size_t e) {
+    const D16 d;
+    if (e < 16) return hn::And(hn::PromoteTo(d, hn::LoadU(DU8(), p + 2 + e)), hn::Set(d, 0xF));
+    return hn::ShiftRight<4>(hn::PromoteTo(d, hn::LoadU(DU8(), p + 2 + e - 16)));
+  }
+};
+
+struct Q4_KFmt {
+  static constexpr int kSuper = 256, kBytes = 144, kSub = 8;
+  static constexpr bool kHasOff = true;
+  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
+    const float d = HalfToFloatFast(LoadU16(p));
+    const float dmin = HalfToFloatFast(LoadU16(p + 2));
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      Q4KScaleMin(j, p + 4, &sc, &m);
+      h->scale[j] = d * sc;
+      h->off[j] = dmin * m;
+    }
+  }
+  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int j, size_t e) {
+    const D16 d;
+    const auto bytes = hn::PromoteTo(d, hn::LoadU(DU8(), p + 16 + 32 * (j / 2) + e));
+    return (j % 2 == 0) ? hn::And(bytes, hn::Set(d, 0xF)) : hn::ShiftRight<4>(bytes);
+  }
+};
+
+struct Q6_KFmt {
+  static constexpr int kSuper = 256, kBytes = 210, kSub = 8;
+  static constexpr bool kHasOff = false;
+  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
+    const float d = HalfToFloatFast(LoadU16(p + 208));
+    for (int j = 0; j < 8; ++j) h->scale[j] = d;
+  }
+  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int j, size_t e) {
+    const D16 d;
+    const int half = j / 4, quarter = j % 4;
+    const auto ql = hn::PromoteTo(d, hn::LoadU(DU8(), p + 64 * half + 32 * (quarter & 1) + e));
+    const auto qh = hn::PromoteTo(d, hn::LoadU(DU8(), p + 128 + 32 * half + e));
+    const auto lo = quarter < 2 ? hn::And(ql, hn::Set(d, 0xF)) : hn::ShiftRight<4>(ql);
+    const auto hi = hn::And(hn::ShiftRightSame(qh, 2 * quarter), hn::Set(d, 3));
+    const auto code = hn::Sub(hn::Or(lo, hn::ShiftLeft<4>(hi)), hn::Set(d, 32));
+    const int8_t sc = static_cast<int8_t>(p[192 + 8 * half + 2 * quarter + e / 16]);
+    return hn::Mul(code, hn::Set(d, sc));
+  }
+};
+
+// ---------------------------------------------------------------- quant tiles
+
+// Rows [r0, r0+R) x tokens [t0, t0+T) of y (n_tokens, rows).
+template <class Fmt, int R, int T>
+HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
+                          float* y) {
+  const D16 d16;
+  const D32 d32;
+  const DF32 df;
+  const size_t n16 = hn::Lanes(d16);
+  const int64_t row_bytes = w.cols / Fmt::kSuper * Fmt::kBytes;
+  const int64_t nb = w.cols / 32;
+  const int64_t n_super = w.cols / Fmt::kSuper;
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * row_bytes;
+  const int16_t* xq[T];
+  const float* xd[T];
+  const float* xs[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.q + (t0 + t) * a.cols;
+    xd[t] = a.d + (t0 + t) * nb;
+    xs[t] = a.dxs + (t0 + t) * nb;
+  }
+  hn::Vec<DF32> acc[R][T];
+  float corr[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = hn::Zero(df);
+      corr[r][t] = 0.0f;
+    }
+  for (int64_t s = 0; s < n_super; ++s) {
+    SubScales h[R];
+    for (int r = 0; r < R; ++r) Fmt::Header(rows[r] + s * Fmt::kBytes, &h[r]);
+    for (int j = 0; j < Fmt::kSub; ++j) {
+      const int64_t b = s * Fmt::kSub + j;
+      hn::Vec<D32> sum0[R][T], sum1[R][T];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) sum0[r][t] = sum1[r][t] = hn::Zero(d32);
+      for (size_t e = 0; e < 32; e += n16) {
+        V16 code[R];
+        for (int r = 0; r < R; ++r) code[r] = Fmt::Code(rows[r] + s * Fmt::kBytes, h[r], j, e);
+        for (int t = 0; t < T; ++t) {
+          const V16 xv = hn::LoadU(d16, xq[t] + b * 32 + static_cast<int64_t>(e));
+          for (int r = 0; r < R; ++r) {
+            sum0[r][t] = hn::ReorderWidenMulAccumulate(d32, code[r], xv, sum0[r][t], sum1[r][t]);
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const float dx = xd[t][b];
+        for (int r = 0; r < R; ++r) {
+          const auto isum = hn::RearrangeToOddPlusEven(sum0[r][t], sum1[r][t]);
+          acc[r][t] =
+              hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, h[r].scale[j] * dx), acc[r][t]);
+          if constexpr (Fmt::kHasOff) corr[r][t] += h[r].off[j] * xs[t][b];
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r)
+      y[(t0 + t) * w.rows + r0 + r] = hn::GetLane(hn::SumOfLanes(df, acc[r][t])) - corr[r][t];
+}
+
+template <class Fmt, int R, int T>
+HWY_INLINE void QuantTokens(const WeightMatrix& w, int64_t r0, const QuantActs& a, int64_t n_tokens,
+                            float* y) {
+  int64_t t = 0;
+  for (; t + T <= n_tokens; t += T) QuantTile<Fmt, R, T>(w, r0, t, a, y);
+  for (; t < n_tokens; ++t) QuantTile<Fmt, R, 1>(w, r0, t, a, y);
+}
+
+// Decode streams 4 rows at once; prefill tiles 2 rows x kTokens tokens.
+constexpr int kTokens = (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) ? 4 : 2;
+
+template <class Fmt>
+void QuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
+               int64_t n_tokens, float* y) {
+  int64_t r = r_begin;
+  if (n_tokens == 1) {
+    for (; r + 4 <= r_end; r += 4) QuantTile<Fmt, 4, 1>(w, r, 0, a, y);
+  } else {
+    for (; r + 2 <= r_end; r += 2) QuantTokens<Fmt, 2, kTokens>(w, r, a, n_tokens, y);
+  }
+  for (; r < r_end; ++r) QuantTokens<Fmt, 1, kTokens>(w, r, a, n_tokens, y);
+}
+
+void MatMulQuantRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
+                         int64_t n_tokens, float* y) {
+  switch (w.type) {
+    case GgmlType::kQ8_0:
+      return QuantRows<Q8_0Fmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ4_0:
+      return QuantRows<Q4_0Fmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ4_K:
+      return QuantRows<Q4_KFmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ6_K:
+      return QuantRows<Q6_KFmt>(w, r_begin, r_end, a, n_tokens, y);
+    default:
+      return;  // float types take MatMulFloatRows
+  }
+}
+
+// ---------------------------------------------------------------- float tiles
+
+using DF = hn::ScalableTag<float>;
+
+HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const float* p) { return hn::LoadU(df, p); }
+HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const hwy::float16_t* p) {
+  return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), p));
+}
+HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const hwy::bfloat16_t* p) {
+  return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
+}
+HWY_INLINE float ScalarWeight(const float* p) { return *p; }
+HWY_INLINE float ScalarWeight(const hwy::float16_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return HalfToFloatFast(bits);
+}
+HWY_INLINE float ScalarWeight(const hwy::bfloat16_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return Bf16ToFloat(bits);
+}
+
+template <class WT, int R, int T>
+HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const float* x, float* y) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t cols = w.cols;
+  const WT* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = static_cast<const WT*>(w.data) + (r0 + r) * cols;
+  const float* xs[T];
+  for (int t = 0; t < T; ++t) xs[t] = x + (t0 + t) * cols;
+  hn::Vec<DF> acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + n <= cols; i += n) {
+    hn::Vec<DF> wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = LoadWeights(df, rows[r] + i);
+    for (int t = 0; t < T; ++t) {
+      const auto xv = hn::LoadU(df, xs[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = hn::MulAdd(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int r = 0; r < R; ++r) {
+      float sum = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
+      for (int64_t k = i; k < cols; ++k) sum += ScalarWeight(rows[r] + k) * xs[t][k];
+      y[(t0 + t) * w.rows + r0 + r] = sum;
+    }
+  }
+}
+
+template <class WT, int R, int T>
+HWY_INLINE void FloatTokens(const WeightMatrix& w, int64_t r0, const float* x, int64_t n_tokens,
+                            float* y) {
+  int64_t t = 0;
+  for (; t + T <= n_tokens; t += T) FloatTile<WT, R, T>(w, r0, t, x, y);
+  for (; t < n_tokens; ++t) FloatTile<WT, R, 1>(w, r0, t, x, y);
+}
+
+template <class WT>
+void FloatRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
+               int64_t n_tokens, float* y) {
+  int64_t r = r_begin;
+  if (n_tokens == 1) {
+    for (; r + 4 <= r_end; r += 4) FloatTile<WT, 4, 1>(w, r, 0, x, y);
+  } else {
+    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, 2, 4>(w, r, x, n_tokens, y);
+  }
+  for (; r < r_end; ++r) FloatTokens<WT, 1, 4>(w, r, x, n_tokens, y);
+}
+
+void MatMulFloatRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
+                         int64_t n_tokens, float* y) {
+  switch (w.type) {
+    case GgmlType::kF32:
+      return FloatRows<float>(w, r_begin, r_end, x, n_tokens, y);
+    case GgmlType::kF16:
+      return FloatRows<hwy::float16_t>(w, r_begin, r_end, x, n_tokens, y);
+    case GgmlType::kBF16:
+      return FloatRows<hwy::bfloat16_t>(w, r_begin, r_end, x, n_tokens, y);
+    default:
+      return;  // quantized types take MatMulQuantRows
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace meshnet::ops::internal
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace meshnet::ops::internal {
+
+HWY_EXPORT(QuantizeActsImpl);
+HWY_EXPORT(MatMulQuantRowsImpl);
+HWY_EXPORT(MatMulFloatRowsImpl);
+
+void QuantizeActs(const float* x, int64_t cols, int64_t t_begin, int64_t t_end, int16_t* q,
+                  float* d, float* dxs) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActsImpl)(x, cols, t_begin, t_end, q, d, dxs);
+}
+void MatMulQuantRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
+                     const QuantActs& acts, int64_t n_tokens, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatMulQuantRowsImpl)(w, row_begin, row_end, acts, n_tokens, y);
+}
+void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                     int64_t n_tokens, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatMulFloatRowsImpl)(w, row_begin, row_end, x, n_tokens, y);
+}
+
+}  // namespace meshnet::ops::internal
+#endif  // HWY_ONCE

@@ -1,0 +1,179 @@
+#include "ops/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "ops/hwy_test_util.h"
+#include "ops/quantize.h"
+#include "util/thread_pool.h"
+
+namespace meshnet::ops {
+namespace {
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+  std::vector<float> dequant;  // (rows, cols) exact decoded values
+};
+
+Weights MakeWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  Weights out;
+  const int64_t rb = RowBytes(type, cols);
+  out.bytes.resize(static_cast<size_t>(rb * rows));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    // Rows with different magnitudes, and an all-zero row.
+    const float scale = (r % 7 == 3) ? 0.0f : 1.0f + static_cast<float>(r % 5);
+    for (auto& v : row) v = scale * dist(rng);
+    QuantizeRow(type, row.data(), cols, out.bytes.data() + r * rb);
+  }
+  out.w = WeightMatrix{type, out.bytes.data(), rows, cols};
+  out.dequant.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeRow(type, out.bytes.data() + r * rb, cols, out.dequant.data() + r * cols);
+  }
+  return out;
+}
+
+std::vector<float> RandomActs(int64_t n_tokens, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));
+  for (auto& v : x) v = dist(rng);
+  if (cols >= 64) x[5] = 25.0f;  // an outlier coarsens one activation block
+  return x;
+}
+
+struct Shape {
+  int64_t rows, cols, n_tokens;
+};
+
+void CheckType(GgmlType type, const std::vector<Shape>& shapes) {
+  const char* name = GgmlTypeInfoOf(type).name.data();
+  ThreadPool pool2(2);
+  ThreadPool pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    Weights wt = MakeWeights(type, s.rows, s.cols, seed++);
+    const std::vector<float> x = RandomActs(s.n_tokens, s.cols, seed++);
+    std::vector<float> ref_q(static_cast<size_t>(s.n_tokens * s.rows));
+    std::vector<float> ref_f(ref_q.size());
+    MatMulReferenceQuantized(wt.w, x.data(), s.n_tokens, ref_q.data());
+    MatMulReference(wt.w, x.data(), s.n_tokens, ref_f.data());
+
+    // Per-output bounds: rounding (relative to sum |w x|) and, for quantized
+    // activations, sum |w| * d/2 over each activation block.
+    std::vector<double> mag(ref_q.size()), act_err(ref_q.size(), 0.0);
+    std::vector<int16_t> q(static_cast<size_t>(s.cols));
+    std::vector<float> d(static_cast<size_t>(s.cols / 32 + 1));
+    for (int64_t t = 0; t < s.n_tokens; ++t) {
+      const float* xt = x.data() + t * s.cols;
+      const bool quant = MatMulQuantizesActivations(type);
+      if (quant) QuantizeActivationsReference(xt, s.cols, q.data(), d.data());
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double m = 0, e = 0;
+        for (int64_t i = 0; i < s.cols; ++i) {
+          const double wv = wt.dequant[r * s.cols + i];
+          m += std::fabs(wv * xt[i]);
+          if (quant) e += std::fabs(wv) * d[i / 32] * 0.5;
+        }
+        mag[t * s.rows + r] = m;
+        act_err[t * s.rows + r] = e;
+      }
+    }
+
+    for (ThreadPool* pool : pools) {
+      std::vector<float> y(ref_q.size() + 1, -12345.0f);  // last element: overrun guard
+      std::vector<uint8_t> scratch(MatMulScratchBytes(type, s.n_tokens, s.cols) + 1);
+      MatMul(wt.w, x.data(), s.n_tokens, y.data(), scratch.data() + 1, pool);  // misaligned
+      EXPECT_EQ(y.back(), -12345.0f) << name << " wrote past y";
+      for (size_t k = 0; k < ref_q.size(); ++k) {
+        const double tol = 2e-5 * mag[k] + 1e-6;
+        ASSERT_NEAR(y[k], ref_q[k], tol)
+            << name << " rows=" << s.rows << " cols=" << s.cols << " tokens=" << s.n_tokens
+            << " out=" << k << " threads=" << (pool ? pool->num_threads() : 1);
+        ASSERT_NEAR(y[k], ref_f[k], tol + act_err[k] * 1.0001)
+            << name << " vs float activations, out=" << k;
+      }
+    }
+  }
+}
+
+TEST(MatMul, F32MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(
+        GgmlType::kF32,
+        {{1, 1, 1}, {5, 7, 1}, {13, 33, 3}, {37, 100, 1}, {9, 64, 9}, {4, 256, 5}, {70, 48, 2}});
+  });
+}
+TEST(MatMul, F16MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kF16, {{3, 7, 1}, {13, 33, 2}, {37, 100, 1}, {9, 64, 7}, {70, 48, 1}});
+  });
+}
+TEST(MatMul, BF16MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kBF16, {{3, 7, 1}, {13, 33, 3}, {37, 100, 1}, {9, 64, 5}, {70, 48, 1}});
+  });
+}
+TEST(MatMul, Q8_0MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(
+        GgmlType::kQ8_0,
+        {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {37, 160, 1}, {9, 32, 9}, {70, 256, 2}, {6, 512, 5}});
+  });
+}
+TEST(MatMul, Q4_0MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ4_0,
+              {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {37, 160, 1}, {9, 32, 9}, {70, 256, 2}});
+  });
+}
+TEST(MatMul, Q4_KMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ4_K,
+              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {37, 768, 1}, {9, 256, 9}, {70, 256, 2}});
+  });
+}
+TEST(MatMul, Q6_KMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ6_K,
+              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {37, 768, 1}, {9, 256, 9}, {70, 256, 2}});
+  });
+}
+
+TEST(MatMul, ActivationQuantizationIsRoundHalfEvenPer32Block) {
+  std::vector<float> x(64, 0.0f);
+  x[0] = 127.0f;  // block 0: d = 1, so codes are x rounded half to even
+  x[1] = 2.5f;
+  x[2] = -3.5f;
+  x[3] = 0.49f;
+  x[40] = -0.5f;  // block 1: d = 0.5/127
+  std::vector<int16_t> q(64);
+  float d[2];
+  QuantizeActivationsReference(x.data(), 64, q.data(), d);
+  EXPECT_EQ(d[0], 1.0f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], 2);
+  EXPECT_EQ(q[2], -4);
+  EXPECT_EQ(q[3], 0);
+  EXPECT_FLOAT_EQ(d[1], 0.5f / 127.0f);
+  EXPECT_EQ(q[40], -127);
+  EXPECT_EQ(q[33], 0);
+}
+
+TEST(MatMul, ZeroTokensOrRowsIsANoOp) {
+  Weights wt = MakeWeights(GgmlType::kQ8_0, 4, 32, 3);
+  float y = 7.0f;
+  MatMul(wt.w, nullptr, 0, &y, nullptr, nullptr);
+  EXPECT_EQ(y, 7.0f);
+}
+
+}  // namespace
+}  // namespace meshnet::ops
