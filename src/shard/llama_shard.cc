@@ -23,7 +23,7 @@ struct LlamaShard::Workspace {
   std::vector<float> proj;  // (n, n_embd)   Wo / Wdown output
   std::vector<float> gate;  // (n, n_ff)
   std::vector<float> up;    // (n, n_ff)
-  ops::MatMulScratch mm;    // activation quantization etc.
+  std::vector<uint8_t> mm;  // MatMul scratch (activation quantization)
   ops::AttentionScratch attn;
 
   void Reserve(const model::LlamaHParams& hp, int64_t n) {
@@ -51,7 +51,17 @@ LlamaShard::LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_lay
       hparams_(model::LlamaHParams::FromGguf(*file_)),
       weights_(model::LlamaWeights::Load(*file_, hparams_, start_layer, end_layer)),
       role_(RoleForRange(start_layer, end_layer, hparams_.n_layers)),
-      pool_(pool) {}
+      pool_(pool) {
+  // The (type, row length) of every matrix this shard multiplies: MatMul
+  // scratch is sized for the largest of them.
+  auto take = [&](const model::MatrixView& m) {
+    if (m.data != nullptr) matmul_shapes_.emplace_back(m.type, m.cols);
+  };
+  for (const auto& l : weights_.layers()) {
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) take(*m);
+  }
+  if (role_.is_tail()) take(weights_.output());
+}
 
 LlamaShard::~LlamaShard() = default;
 
@@ -79,7 +89,14 @@ std::unique_ptr<LlamaShard::Workspace> LlamaShard::Acquire(int64_t n_tokens) con
     }
   }
   if (!ws) ws = std::make_unique<Workspace>();
-  ws->Reserve(hparams_, n_tokens);
+  if (n_tokens > ws->capacity) {
+    ws->Reserve(hparams_, n_tokens);
+    size_t mm_bytes = 0;
+    for (const auto& [type, cols] : matmul_shapes_) {
+      mm_bytes = std::max(mm_bytes, ops::MatMulScratchBytes(type, ws->capacity, cols));
+    }
+    ws->mm.resize(mm_bytes);
+  }
   return ws;
 }
 
@@ -114,9 +131,9 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
     for (int64_t t = 0; t < n; ++t) {
       ops::RmsNorm(hidden + t * d, lw.attn_norm, d, hp.rms_eps, ws->xb.data() + t * d);
     }
-    ops::MatMul(W(lw.wq), ws->xb.data(), n, ws->q.data(), pool_, &ws->mm);  // (n, q_dim)
-    ops::MatMul(W(lw.wk), ws->xb.data(), n, ws->k.data(), pool_, &ws->mm);  // (n, kv_dim)
-    ops::MatMul(W(lw.wv), ws->xb.data(), n, ws->v.data(), pool_, &ws->mm);  // (n, kv_dim)
+    ops::MatMul(W(lw.wq), ws->xb.data(), n, ws->q.data(), ws->mm.data(), pool_);  // (n, q_dim)
+    ops::MatMul(W(lw.wk), ws->xb.data(), n, ws->k.data(), ws->mm.data(), pool_);  // (n, kv_dim)
+    ops::MatMul(W(lw.wv), ws->xb.data(), n, ws->v.data(), ws->mm.data(), pool_);  // (n, kv_dim)
     for (int64_t t = 0; t < n; ++t) {
       const int64_t pos = start + t;
       ops::Rope(ws->q.data() + t * hp.q_dim(), hp.n_heads, hp.head_dim, hp.n_rot, pos,
@@ -127,16 +144,16 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
       ops::StoreKvRow(kv, /*key=*/false, pos, ws->v.data() + t * hp.kv_dim());
     }
     ops::Attention(ws->q.data(), n, start, kv, hp.n_heads, ws->att.data(), &ws->attn, pool_);
-    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), pool_, &ws->mm);  // (n, n_embd)
+    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), ws->mm.data(), pool_);  // (n, n_embd)
     ops::AddInPlace(hidden, ws->proj.data(), n * d);
     // ---- feed-forward (SwiGLU) ----
     for (int64_t t = 0; t < n; ++t) {
       ops::RmsNorm(hidden + t * d, lw.ffn_norm, d, hp.rms_eps, ws->xb.data() + t * d);
     }
-    ops::MatMul(W(lw.w_gate), ws->xb.data(), n, ws->gate.data(), pool_, &ws->mm);  // (n, n_ff)
-    ops::MatMul(W(lw.w_up), ws->xb.data(), n, ws->up.data(), pool_, &ws->mm);      // (n, n_ff)
+    ops::MatMul(W(lw.w_gate), ws->xb.data(), n, ws->gate.data(), ws->mm.data(), pool_);  // (n, n_ff)
+    ops::MatMul(W(lw.w_up), ws->xb.data(), n, ws->up.data(), ws->mm.data(), pool_);      // (n, n_ff)
     ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
-    ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), pool_, &ws->mm);  // (n, n_embd)
+    ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), ws->mm.data(), pool_);  // (n, n_embd)
     ops::AddInPlace(hidden, ws->proj.data(), n * d);
   }
   Return(std::move(ws));
@@ -149,7 +166,7 @@ void LlamaShard::Logits(const float* hidden_row, float* logits) const {
   std::unique_ptr<Workspace> ws = Acquire(1);
   ops::RmsNorm(hidden_row, weights_.output_norm(), hparams_.n_embd, hparams_.rms_eps,
                ws->xb.data());
-  ops::MatMul(W(weights_.output()), ws->xb.data(), 1, logits, pool_, &ws->mm);  // (vocab)
+  ops::MatMul(W(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);  // (vocab)
   Return(std::move(ws));
 }
 

@@ -73,6 +73,7 @@ class LlamaShard {
   model::LlamaWeights weights_;
   ShardRole role_;
   ThreadPool* pool_;
+  std::vector<std::pair<GgmlType, int64_t>> matmul_shapes_;
   mutable std::mutex ws_mu_;
   mutable std::vector<std::unique_ptr<Workspace>> free_ws_;  // guarded by ws_mu_
 };
