@@ -17,21 +17,40 @@
 // Order of checks. Every reference operation checks in the reference's order
 // (see ../../../shared/spec/kv-trace.md), so the same error wins.
 //
+// Deliberate differences from the reference (none visible in a trace):
+//  * Append validates every layer's shape before evicting anyone or writing
+//    anything (the reference checks per layer while appending, after evicting
+//    others, and can half-append); the error is still kInvalidArgument at the
+//    reference's position in the order of checks.
+//  * A same-key re-open records no miss (as the reference), but a pinned old
+//    context dies with reason kSupersededEpoch and detail "replaced by a
+//    re-open of the same key" (what its KvStep::Commit reports).
+//  * The clock is clamped to the largest value seen, so LRU order stays
+//    last_tick order even if a Clock misbehaves.
+//  * Latest epochs of ids with no live state are forgotten beyond
+//    config.epoch_history (least recently touched first); for a forgotten id a
+//    lower epoch is no longer stale.
+//
 // Byte accounting. The budget counts bytes actually reserved:
-// blocks * block_tokens * BytesPerToken(). With block_tokens == 1 this equals
-// the reference's seq_len * bytes_per_token.
+// blocks * block_tokens * BytesPerToken(), including blocks of dead sessions
+// still pinned and rows reserved by in-flight steps. With block_tokens == 1 and
+// nothing pinned this equals the reference's seq_len * bytes_per_token.
 //
 // Eviction under pressure (session cap or byte budget) picks the least
-// recently used session that is not this request's own and is not pinned by
-// an in-flight step: evicting a pinned session would free nothing until the
-// step ends. If no such victim exists the cap may be exceeded by in-flight
-// sessions only, and a reservation that cannot fit fails with kBudgetExceeded.
+// recently used session that is not this request's own and is not pinned
+// (by a SessionHandle or an in-flight KvStep): evicting a pinned session would
+// free nothing until the pin goes, and would kill a request in the middle of
+// its computation. If no such victim exists the cap may be exceeded by pinned
+// sessions only, and a reservation that cannot fit fails with kBudgetExceeded
+// (the requesting session untouched; victims already evicted stay evicted).
+// TTL expiry, release and supersession do apply to pinned sessions.
 //
 // Thread-safety: every method is thread-safe. One mutex guards the maps and
 // lists; no lock is held while a caller computes with a KvStep or reads through
 // a SessionHandle. Contents of a session may be read through a SessionHandle
-// only while no step is in flight on that session (the step owner has
-// exclusive write access to its reserved rows).
+// only while no step or Truncate runs on that session (the session's owner
+// serializes its own steps, truncates and reads); eviction, expiry, release and
+// supersession from other threads never move or free pinned rows.
 #pragma once
 
 #include <cstdint>

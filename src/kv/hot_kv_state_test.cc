@@ -162,7 +162,7 @@ TEST_F(HotKvStateTest, RecipeCheckedAfterEpochAndBeforeStale) {
   EXPECT_EQ(Res("s", 1), "ok:1");
 }
 
-TEST_F(HotKvStateTest, StaleEpochWinsOverMissAndLeavesSessionUntouched) {
+TEST_F(HotKvStateTest, RefusedOpsLeaveSessionUntouched) {
   Make();
   Open("s", 0);
   Add("s", 0, 1, 0);
@@ -175,6 +175,9 @@ TEST_F(HotKvStateTest, StaleEpochWinsOverMissAndLeavesSessionUntouched) {
   EXPECT_EQ(Outcome([&] { m_->Truncate("s", 0, -5); }), "stale-epoch");
   EXPECT_EQ(Res("s", 0), "stale-epoch");
   EXPECT_EQ(Outcome([&] { m_->Get("s", 0); }), "stale-epoch");
+  KvCacheRecipe other = MiniRecipe(KvDtype::kF16);
+  EXPECT_EQ(Res("s", 1, {}, &other), "incompatible-recipe");
+  EXPECT_EQ(AddOutcome("s", 1, 9), "budget-exceeded");
   EXPECT_EQ(m_->SessionKeys(), (Keys{{"s", 1}, {"t", 0}}));
   clock_.Set(10.25);
   EXPECT_EQ(Res("s", 1), "miss:evicted-ttl");

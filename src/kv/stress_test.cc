@@ -246,7 +246,7 @@ TEST(KvStressTest, ConcurrentSessionsNeverCorrupt) {
   std::vector<Worker> workers;
   workers.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) workers.emplace_back(sh, t);
-  for (int t = 0; t < kThreads; ++t) threads.emplace_back([&, t] { workers[t].Run(3000); });
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back([&, t] { workers[t].Run(2000); });
   for (auto& th : threads) th.join();
 
   EXPECT_EQ(sh.corruptions.load(), 0);
