@@ -1,0 +1,82 @@
+// Transformer building blocks for Llama-family models: RMS norm, RoPE,
+// softmax, SwiGLU, add, embedding lookup, KV row store and grouped-query causal
+// attention over a paged KV layer (ops/paged_kv.h). Each has a scalar
+// reference (nn_reference.cc) that the SIMD kernels are tested against.
+//
+// Contract: shapes are the caller's responsibility (model/ and shard/ validate
+// hyper-parameters once); kernels have no error paths and never allocate.
+// Unless stated, out may alias the first input (in place).
+// The one exception is EmbeddingLookup, which validates token ids (they come
+// from clients) and throws meshnet::Error(kInvalidArgument).
+// Thread-safety: reentrant; concurrent calls need distinct outputs. Functions
+// taking a ThreadPool* split work over it (null = calling thread only).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/matmul.h"
+#include "ops/paged_kv.h"
+#include "util/thread_pool.h"
+
+namespace meshnet::ops {
+
+// out (n_rows, dim) = x * weight / sqrt(mean(x^2) + eps), per row.
+void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+             float* out);
+
+struct RopeConfig {
+  int rope_dims = 0;          // leading dims of each head that rotate (<= head_dim, even)
+  float freq_base = 10000.f;  // theta_i = pos * freq_scale * freq_base^(-2i/rope_dims)
+  float freq_scale = 1.0f;    // linear position scaling (1 = none)
+};
+// Llama GGUF "normal" RoPE, in place: x (n_tokens, n_heads, head_dim); token t
+// is at position start_pos + t. Adjacent pairs (x[2i], x[2i+1]), 2i < rope_dims,
+// rotate by theta_i (angles computed in double).
+void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
+          int64_t start_pos);
+
+// Numerically stable softmax of x (n), in place.
+void Softmax(float* x, int64_t n);
+// out (n) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
+// out (n) = a + b.
+void Add(const float* a, const float* b, int64_t n, float* out);
+// Sum of x (n) (used for bandwidth probes and tests).
+float Sum(const float* x, int64_t n);
+
+// out (n_tokens, table.cols) = rows tokens[t] of the embedding table (any type),
+// dequantized. Throws Error(kInvalidArgument) on a token id outside [0, rows).
+void EmbeddingLookup(const WeightMatrix& table, const int32_t* tokens, int64_t n_tokens,
+                     float* out);
+
+// Writes row (n_kv_heads * head_dim floats) as the K (key=true) or V row of
+// position pos, converted to kv.dtype (round to nearest even).
+void StoreKvRow(const PagedKvLayer& kv, bool key, int64_t pos, const float* row);
+
+struct AttentionConfig {
+  int n_heads = 0;     // query heads; a multiple of kv.n_kv_heads
+  int head_dim = 0;    // == kv.head_dim, <= kMaxHeadDim
+  float scale = 0.0f;  // 0 means 1/sqrt(head_dim)
+};
+inline constexpr int kMaxHeadDim = 512;
+
+// Grouped-query causal attention: query t (position start_pos + t) attends to
+// positions [0, start_pos + t] of kv (which must already hold them:
+// kv.n_positions >= start_pos + n_tokens). Query head h uses KV head
+// h / (n_heads / n_kv_heads).
+// q: (n_tokens, n_heads * head_dim) -> out: (n_tokens, n_heads * head_dim); out
+// must not alias q. Parallel over (token, KV head) on the pool.
+void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedKvLayer& kv,
+               const AttentionConfig& cfg, float* out, ThreadPool* pool);
+
+// ---- Scalar references (double accumulation; for tests) ----
+void RmsNormReference(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+                      float* out);
+void RopeReference(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
+                   int64_t start_pos);
+void SoftmaxReference(float* x, int64_t n);
+void SwiGluReference(const float* gate, const float* up, int64_t n, float* out);
+void AttentionReference(const float* q, int64_t n_tokens, int64_t start_pos, const PagedKvLayer& kv,
+                        const AttentionConfig& cfg, float* out);
+
+}  // namespace meshnet::ops
