@@ -123,7 +123,10 @@ struct TensorInfo {
   int64_t n_elements = 0;
   uint64_t n_bytes = 0;
   uint64_t offset = 0;          // absolute byte offset in the file
-  const void* data = nullptr;   // into the mapping; n_bytes long
+  // Into the mapping; n_bytes long. Open() maps page-aligned and FromBytes()
+  // copies 64-byte aligned, so data is aligned to min(alignment, page or 64)
+  // (>= 32 unless general.alignment says less).
+  const void* data = nullptr;
 
   std::span<const int64_t> dims() const { return {ne.data(), static_cast<size_t>(n_dims)}; }
   int64_t rows() const { return n_elements / ne[0]; }  // product of ne[1..]

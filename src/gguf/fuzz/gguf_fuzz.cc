@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <span>
 
+#include "gguf/describe.h"
 #include "gguf/gguf_reader.h"
 #include "util/error.h"
 
@@ -38,6 +39,7 @@ uint64_t Exercise(const meshnet::gguf::GgufFile& f) {
     sum += p[0] + p[t.n_bytes - 1];
     sum += static_cast<uint64_t>(t.rows()) + t.row_bytes() + t.ShapeString().size();
   }
+  sum += meshnet::gguf::DescribeGguf(f, {.max_array_elems = 3}).size();
   return sum;
 }
 
