@@ -1,0 +1,97 @@
+// Wrappers over the dispatched kernels (nn_kernels.cc), plus RoPE (angles in
+// double, a per-token cos/sin table on the stack applied to every head) and
+// the embedding lookup.
+#include "ops/nn.h"
+
+#include <cmath>
+#include <string>
+
+#include "ops/nn_kernels.h"
+#include "ops/quantize.h"
+#include "util/error.h"
+
+namespace meshnet::ops {
+
+void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+             float* out) {
+  internal::RmsNormKernel(x, weight, n_rows, dim, eps, out);
+}
+
+void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
+          int64_t start_pos) {
+  const int half = cfg.rope_dims / 2;
+  double inv_freq[kMaxHeadDim / 2];
+  for (int i = 0; i < half; ++i) {
+    inv_freq[i] = static_cast<double>(cfg.freq_scale) *
+                  std::pow(static_cast<double>(cfg.freq_base), -2.0 * i / cfg.rope_dims);
+  }
+  float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto pos = static_cast<double>(start_pos + t);
+    for (int i = 0; i < half; ++i) {
+      const double theta = pos * inv_freq[i];
+      cs[i] = static_cast<float>(std::cos(theta));
+      sn[i] = static_cast<float>(std::sin(theta));
+    }
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * static_cast<int64_t>(head_dim);
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cs[i] - x1 * sn[i];
+        v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+void Softmax(float* x, int64_t n) { internal::SoftmaxKernel(x, n); }
+
+void SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
+  internal::SwiGluKernel(gate, up, n, out);
+}
+
+void Add(const float* a, const float* b, int64_t n, float* out) {
+  internal::AddKernel(a, b, n, out);
+}
+
+float Sum(const float* x, int64_t n) { return internal::SumKernel(x, n); }
+
+void EmbeddingLookup(const WeightMatrix& table, const int32_t* tokens, int64_t n_tokens,
+                     float* out) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= table.rows) {
+      ThrowInvalidArgument("token id " + std::to_string(tokens[t]) +
+                           " outside the vocabulary [0, " + std::to_string(table.rows) + ")");
+    }
+  }
+  const int64_t row_bytes = RowBytes(table.type, table.cols);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    DequantizeRow(table.type, static_cast<const uint8_t*>(table.data) + tokens[t] * row_bytes,
+                  table.cols, out + t * table.cols);
+  }
+}
+
+void StoreKvRow(const PagedKvLayer& kv, bool key, int64_t pos, const float* row) {
+  uint8_t* dst = key ? kv.KRow(pos) : kv.VRow(pos);
+  internal::StoreKvRowKernel(dst, kv.dtype, row, static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim);
+}
+
+void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedKvLayer& kv,
+               const AttentionConfig& cfg, float* out, ThreadPool* pool) {
+  internal::AttentionArgs a;
+  a.q = q;
+  a.start_pos = start_pos;
+  a.kv = &kv;
+  a.n_heads = cfg.n_heads;
+  a.head_dim = cfg.head_dim;
+  a.scale = cfg.scale != 0.0f ? cfg.scale : static_cast<float>(1.0 / std::sqrt(cfg.head_dim));
+  a.out = out;
+  const int64_t items = n_tokens * kv.n_kv_heads;
+  if (pool != nullptr) {
+    pool->ParallelFor(items, [&](int64_t b, int64_t e) { internal::AttentionItems(a, b, e); });
+  } else {
+    internal::AttentionItems(a, 0, items);
+  }
+}
+
+}  // namespace meshnet::ops

@@ -1,0 +1,348 @@
+// Highway kernels for ops/nn.h (dynamic dispatch). Wrappers, RoPE and the
+// threading live in nn.cc; the scalar references in nn_reference.cc.
+//
+// Attention uses the online ("flash") softmax per (token, KV head): keys are
+// visited in chunks of kChunk positions; for each query head of the group we
+// keep a running max m, running denominator l and an unnormalized output o,
+// rescaled by exp(m_old - m_new) when the max grows. No score buffer, so no
+// scratch: o lives on the stack (kSubHeads x kMaxHeadDim floats).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/nn_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// After foreach_target.h.
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+#ifndef MESHNET_OPS_NN_KERNELS_ONCE
+#define MESHNET_OPS_NN_KERNELS_ONCE
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/nn.h"
+#include "ops/nn_kernels.h"
+#include "util/dtype.h"
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace meshnet::ops::internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// ---------------------------------------------------------------- elementwise
+
+float SumImpl(const float* x, int64_t n) {
+  const DF d;
+  const int64_t l = static_cast<int64_t>(hn::Lanes(d));
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * l <= n; i += 4 * l) {
+    a0 = hn::Add(a0, hn::LoadU(d, x + i));
+    a1 = hn::Add(a1, hn::LoadU(d, x + i + l));
+    a2 = hn::Add(a2, hn::LoadU(d, x + i + 2 * l));
+    a3 = hn::Add(a3, hn::LoadU(d, x + i + 3 * l));
+  }
+  for (; i + l <= n; i += l) a0 = hn::Add(a0, hn::LoadU(d, x + i));
+  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+void AddImpl(const float* a, const float* b, int64_t n, float* out) {
+  const DF d;
+  const int64_t l = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + l <= n; i += l)
+    hn::StoreU(hn::Add(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i);
+  for (; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void RmsNormImpl(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps,
+                 float* out) {
+  const DF d;
+  const int64_t l = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = out + r * dim;
+    auto a0 = hn::Zero(d), a1 = hn::Zero(d);
+    int64_t i = 0;
+    for (; i + 2 * l <= dim; i += 2 * l) {
+      const auto v0 = hn::LoadU(d, xr + i), v1 = hn::LoadU(d, xr + i + l);
+      a0 = hn::MulAdd(v0, v0, a0);
+      a1 = hn::MulAdd(v1, v1, a1);
+    }
+    for (; i + l <= dim; i += l) {
+      const auto v = hn::LoadU(d, xr + i);
+      a0 = hn::MulAdd(v, v, a0);
+    }
+    double ss = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1)));
+    for (; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float scale = static_cast<float>(
+        1.0 / std::sqrt(ss / static_cast<double>(dim) + static_cast<double>(eps)));
+    const auto vs = hn::Set(d, scale);
+    i = 0;
+    for (; i + l <= dim; i += l) {
+      hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, xr + i), vs), hn::LoadU(d, w + i)), d, yr + i);
+    }
+    for (; i < dim; ++i) yr[i] = (xr[i] * scale) * w[i];
+  }
+}
+
+void SoftmaxImpl(float* x, int64_t n) {
+  if (n <= 0) return;
+  const DF d;
+  const int64_t l = static_cast<int64_t>(hn::Lanes(d));
+  auto vmax = hn::Set(d, x[0]);
+  int64_t i = 0;
+  for (; i + l <= n; i += l) vmax = hn::Max(vmax, hn::LoadU(d, x + i));
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  const auto vm = hn::Set(d, mx);
+  auto vsum = hn::Zero(d);
+  i = 0;
+  for (; i + l <= n; i += l) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    vsum = hn::Add(vsum, e);
+    hn::StoreU(e, d, x + i);
+  }
+  double sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  const auto vinv = hn::Set(d, inv);
+  i = 0;
+  for (; i + l <= n; i += l) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vinv), d, x + i);
+  for (; i < n; ++i) x[i] *= inv;
+}
+
+void SwiGluImpl(const float* gate, const float* up, int64_t n, float* out) {
+  const DF d;
+  const int64_t l = static_cast<int64_t>(hn::Lanes(d));
+  const auto one = hn::Set(d, 1.0f);
+  const auto cap = hn::Set(d, 88.0f);  // exp(-g) stays finite; silu(g) ~ 0 there anyway
+  int64_t i = 0;
+  for (; i + l <= n; i += l) {
+    const auto g = hn::LoadU(d, gate + i);
+    const auto e = hn::Exp(d, hn::Min(hn::Neg(g), cap));
+    const auto silu = hn::Div(g, hn::Add(one, e));
+    hn::StoreU(hn::Mul(silu, hn::LoadU(d, up + i)), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(std::min(-g, 88.0f))) * up[i];
+  }
+}
+
+// ---------------------------------------------------------------- KV rows
+
+void StoreKvRowImpl(uint8_t* dst, KvDtype dtype, const float* row, int64_t n) {
+  const DF d;
+  const int64_t l = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  switch (dtype) {
+    case KvDtype::kF32:
+      std::memcpy(dst, row, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case KvDtype::kF16: {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+      // F16C rounds to nearest even like FloatToHalf; older targets emulate
+      // the conversion without subnormals, so they take the scalar path.
+      const hn::Rebind<hwy::float16_t, DF> dh;
+      auto* out = reinterpret_cast<hwy::float16_t*>(dst);
+      for (; i + l <= n; i += l) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, row + i)), dh, out + i);
+#endif
+      for (; i < n; ++i) StoreAs(KvDtype::kF16, dst + 2 * i, row[i]);
+      return;
+    }
+    case KvDtype::kBF16: {
+      // Round to nearest even on the bits (Highway's DemoteTo may truncate).
+      const hn::RebindToUnsigned<DF> du;
+      const hn::RebindToSigned<DF> di;
+      const hn::Rebind<uint16_t, DF> d16;
+      auto* out = reinterpret_cast<uint16_t*>(dst);
+      for (; i + l <= n; i += l) {
+        const auto bits = hn::BitCast(du, hn::LoadU(d, row + i));
+        const auto is_nan =
+            hn::Gt(hn::And(bits, hn::Set(du, 0x7fffffffu)), hn::Set(du, 0x7f800000u));
+        const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+        const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
+        const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+        const auto res = hn::IfThenElse(is_nan, quiet, rounded);
+        hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, res)), d16, out + i);
+      }
+      for (; i < n; ++i) StoreAs(KvDtype::kBF16, dst + 2 * i, row[i]);
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- attention
+
+using DA = hn::CappedTag<float, 8>;  // head_dim is often 64/128, sometimes 8
+constexpr int kChunk = 16;
+constexpr int kSubHeads = 8;
+
+template <KvDtype kDt>
+HWY_INLINE hn::Vec<DA> LoadKv(DA d, const uint8_t* row, int64_t i) {
+  if constexpr (kDt == KvDtype::kF32) {
+    return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (kDt == KvDtype::kF16) {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, DA>(),
+                                      reinterpret_cast<const hwy::float16_t*>(row) + i));
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::bfloat16_t, DA>(),
+                                      reinterpret_cast<const hwy::bfloat16_t*>(row) + i));
+  }
+}
+
+template <KvDtype kDt>
+HWY_INLINE float Dot(const float* q, const uint8_t* krow, int hd) {
+  const DA d;
+  const int l = static_cast<int>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int i = 0;
+  for (; i + l <= hd; i += l) acc = hn::MulAdd(hn::LoadU(d, q + i), LoadKv<kDt>(d, krow, i), acc);
+  float s = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < hd; ++i) s += q[i] * LoadAs(kDt, krow + i * KvDtypeSize(kDt));
+  return s;
+}
+
+// Query heads [h0, h0 + nh) (nh <= kSubHeads) of token t, all in KV head g.
+template <KvDtype kDt>
+void AttendHeads(const AttentionArgs& a, int64_t t, int g, int h0, int nh) {
+  const DA d;
+  const int l = static_cast<int>(hn::Lanes(d));
+  const hn::CappedTag<float, kChunk> dc;
+  const int lc = static_cast<int>(hn::Lanes(dc));
+  const PagedKvLayer& kv = *a.kv;
+  const int hd = a.head_dim;
+  const size_t head_off = static_cast<size_t>(g) * hd * KvDtypeSize(kDt);
+  const int64_t q_stride = static_cast<int64_t>(a.n_heads) * hd;
+  HWY_ALIGN float o[kSubHeads][kMaxHeadDim];
+  HWY_ALIGN float s[kSubHeads][kChunk];
+  float m[kSubHeads], lsum[kSubHeads];
+  const float* q[kSubHeads];
+  for (int hh = 0; hh < nh; ++hh) {
+    q[hh] = a.q + t * q_stride + static_cast<int64_t>(h0 + hh) * hd;
+    std::fill(o[hh], o[hh] + hd, 0.0f);
+    m[hh] = -INFINITY;
+    lsum[hh] = 0.0f;
+  }
+  const int64_t n_pos = a.start_pos + t + 1;
+  for (int64_t p0 = 0; p0 < n_pos; p0 += kChunk) {
+    const int np = static_cast<int>(std::min<int64_t>(kChunk, n_pos - p0));
+    for (int j = 0; j < np; ++j) {
+      const uint8_t* krow = kv.KRow(p0 + j) + head_off;
+      for (int hh = 0; hh < nh; ++hh) s[hh][j] = Dot<kDt>(q[hh], krow, hd) * a.scale;
+    }
+    for (int hh = 0; hh < nh; ++hh) {
+      float cmax = s[hh][0];
+      for (int j = 1; j < np; ++j) cmax = std::max(cmax, s[hh][j]);
+      for (int j = np; j < kChunk; ++j) s[hh][j] = -INFINITY;
+      const float m_new = std::max(m[hh], cmax);
+      const float corr = std::exp(m[hh] - m_new);  // 0 on the first chunk
+      const auto vm = hn::Set(dc, m_new);
+      auto vsum = hn::Zero(dc);
+      for (int j = 0; j < kChunk; j += lc) {
+        const auto p = hn::Exp(dc, hn::Sub(hn::Load(dc, s[hh] + j), vm));
+        vsum = hn::Add(vsum, p);
+        hn::Store(p, dc, s[hh] + j);
+      }
+      lsum[hh] = lsum[hh] * corr + hn::GetLane(hn::SumOfLanes(dc, vsum));
+      if (corr != 1.0f) {
+        const auto vc = hn::Set(d, corr);
+        int i = 0;
+        for (; i + l <= hd; i += l) hn::StoreU(hn::Mul(hn::LoadU(d, o[hh] + i), vc), d, o[hh] + i);
+        for (; i < hd; ++i) o[hh][i] *= corr;
+      }
+      m[hh] = m_new;
+    }
+    const uint8_t* vrows[kChunk];
+    for (int j = 0; j < np; ++j) vrows[j] = kv.VRow(p0 + j) + head_off;
+    for (int hh = 0; hh < nh; ++hh) {
+      int i = 0;
+      for (; i + l <= hd; i += l) {
+        auto acc = hn::LoadU(d, o[hh] + i);
+        for (int j = 0; j < np; ++j)
+          acc = hn::MulAdd(hn::Set(d, s[hh][j]), LoadKv<kDt>(d, vrows[j], i), acc);
+        hn::StoreU(acc, d, o[hh] + i);
+      }
+      for (; i < hd; ++i) {
+        for (int j = 0; j < np; ++j) {
+          o[hh][i] += s[hh][j] * LoadAs(kDt, vrows[j] + i * KvDtypeSize(kDt));
+        }
+      }
+    }
+  }
+  for (int hh = 0; hh < nh; ++hh) {
+    float* out = a.out + t * q_stride + static_cast<int64_t>(h0 + hh) * hd;
+    const float inv = 1.0f / lsum[hh];
+    for (int i = 0; i < hd; ++i) out[i] = o[hh][i] * inv;
+  }
+}
+
+// Work items [begin, end) of (token, KV head), item = t * n_kv_heads + g.
+void AttentionItemsImpl(const AttentionArgs& a, int64_t begin, int64_t end) {
+  const int n_kv = a.kv->n_kv_heads;
+  const int group = a.n_heads / n_kv;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t t = item / n_kv;
+    const int g = static_cast<int>(item % n_kv);
+    for (int h = 0; h < group; h += kSubHeads) {
+      const int h0 = g * group + h;
+      const int nh = std::min(kSubHeads, group - h);
+      switch (a.kv->dtype) {
+        case KvDtype::kF32:
+          AttendHeads<KvDtype::kF32>(a, t, g, h0, nh);
+          break;
+        case KvDtype::kF16:
+          AttendHeads<KvDtype::kF16>(a, t, g, h0, nh);
+          break;
+        case KvDtype::kBF16:
+          AttendHeads<KvDtype::kBF16>(a, t, g, h0, nh);
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace meshnet::ops::internal
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace meshnet::ops::internal {
+
+HWY_EXPORT(SumImpl);
+HWY_EXPORT(AddImpl);
+HWY_EXPORT(RmsNormImpl);
+HWY_EXPORT(SoftmaxImpl);
+HWY_EXPORT(SwiGluImpl);
+HWY_EXPORT(StoreKvRowImpl);
+HWY_EXPORT(AttentionItemsImpl);
+
+float SumKernel(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumImpl)(x, n); }
+void AddKernel(const float* a, const float* b, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(AddImpl)(a, b, n, out);
+}
+void RmsNormKernel(const float* x, const float* w, int64_t n_rows, int64_t dim, float eps,
+                   float* out) {
+  HWY_DYNAMIC_DISPATCH(RmsNormImpl)(x, w, n_rows, dim, eps, out);
+}
+void SoftmaxKernel(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxImpl)(x, n); }
+void SwiGluKernel(const float* gate, const float* up, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(SwiGluImpl)(gate, up, n, out);
+}
+void StoreKvRowKernel(uint8_t* dst, KvDtype dtype, const float* row, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(StoreKvRowImpl)(dst, dtype, row, n);
+}
+void AttentionItems(const AttentionArgs& a, int64_t begin, int64_t end) {
+  HWY_DYNAMIC_DISPATCH(AttentionItemsImpl)(a, begin, end);
+}
+
+}  // namespace meshnet::ops::internal
+#endif  // HWY_ONCE

@@ -1,0 +1,296 @@
+#include "ops/nn.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ops/hwy_test_util.h"
+#include "ops/quantize.h"
+#include "util/error.h"
+
+namespace meshnet::ops {
+namespace {
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                 double abs_tol, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], abs_tol + rel * std::fabs(want[i])) << what << " at " << i;
+  }
+}
+
+TEST(RmsNorm, MatchesReferenceIncludingInPlace) {
+  ForEachSimdTarget([] {
+    for (int64_t dim : {1, 7, 64, 100, 4096}) {
+      for (int64_t rows : {1, 3}) {
+        const auto x = Random(rows * dim, 1, 3.0f);
+        const auto w = Random(dim, 2);
+        std::vector<float> got(x.size()), want(x.size());
+        RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, got.data());
+        RmsNormReference(x.data(), w.data(), rows, dim, 1e-5f, want.data());
+        ExpectClose(got, want, 1e-5, 1e-7, "rmsnorm");
+        std::vector<float> inplace = x;
+        RmsNorm(inplace.data(), w.data(), rows, dim, 1e-5f, inplace.data());
+        ExpectClose(inplace, want, 1e-5, 1e-7, "rmsnorm in place");
+      }
+    }
+  });
+}
+
+TEST(RmsNorm, UnitWeightsGiveUnitRms) {
+  std::vector<float> x = {3.0f, -4.0f, 0.0f, 5.0f};  // mean square 12.5
+  std::vector<float> w(4, 1.0f), y(4);
+  RmsNorm(x.data(), w.data(), 1, 4, 0.0f, y.data());
+  EXPECT_NEAR(y[0], 3.0 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(y[1], -4.0 / std::sqrt(12.5), 1e-6);
+}
+
+TEST(Rope, HandComputedRotation) {
+  // Position 1, head_dim 4, rope_dims 4, base 100: pair 0 turns by 1 rad, pair 1 by 0.1 rad.
+  std::vector<float> x = {1.0f, 0.0f, 0.0f, 2.0f};
+  Rope(x.data(), 1, 1, 4, RopeConfig{4, 100.0f, 1.0f}, 1);
+  EXPECT_NEAR(x[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(x[1], std::sin(1.0), 1e-6);
+  EXPECT_NEAR(x[2], -2.0 * std::sin(0.1), 1e-6);
+  EXPECT_NEAR(x[3], 2.0 * std::cos(0.1), 1e-6);
+}
+
+TEST(Rope, MatchesReferencePartialDimsAndLargePositions) {
+  struct Case {
+    int n_heads, head_dim, rope_dims;
+    float base, scale;
+    int64_t start;
+  };
+  for (const Case& c :
+       {Case{2, 8, 8, 10000.f, 1.f, 0}, Case{3, 64, 32, 10000.f, 1.f, 5},
+        Case{4, 128, 128, 500000.f, 1.f, 3000}, Case{1, 16, 16, 10000.f, 0.25f, 7}}) {
+    const int64_t n_tokens = 3;
+    const auto x = Random(n_tokens * c.n_heads * c.head_dim, 4);
+    std::vector<float> got = x, want = x;
+    const RopeConfig cfg{c.rope_dims, c.base, c.scale};
+    Rope(got.data(), n_tokens, c.n_heads, c.head_dim, cfg, c.start);
+    RopeReference(want.data(), n_tokens, c.n_heads, c.head_dim, cfg, c.start);
+    ExpectClose(got, want, 1e-5, 1e-6, "rope");
+    for (int64_t k = 0; k < static_cast<int64_t>(x.size()); ++k) {
+      if (k % c.head_dim >= c.rope_dims) ASSERT_EQ(got[k], x[k]) << "non-rotated dim changed";
+    }
+  }
+}
+
+TEST(Softmax, MatchesReferenceAndIsStable) {
+  ForEachSimdTarget([] {
+    for (int64_t n : {1, 7, 16, 100, 1000}) {
+      auto x = Random(n, 5, 4.0f);
+      x[0] += 1000.0f;  // would overflow exp without the max shift
+      std::vector<float> got = x, want = x;
+      Softmax(got.data(), n);
+      SoftmaxReference(want.data(), n);
+      ExpectClose(got, want, 1e-5, 1e-7, "softmax");
+      EXPECT_NEAR(std::accumulate(got.begin(), got.end(), 0.0), 1.0, 1e-5);
+    }
+  });
+}
+
+TEST(SwiGlu, MatchesReferenceOverAWideRange) {
+  ForEachSimdTarget([] {
+    for (int64_t n : {1, 9, 64, 1000}) {
+      auto gate = Random(n, 6, 5.0f);
+      const auto up = Random(n, 7);
+      gate[0] = -200.0f;
+      if (n > 1) gate[1] = 150.0f;
+      std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+      SwiGlu(gate.data(), up.data(), n, got.data());
+      SwiGluReference(gate.data(), up.data(), n, want.data());
+      ExpectClose(got, want, 1e-5, 1e-7, "swiglu");
+    }
+  });
+}
+
+TEST(AddAndSum, MatchScalarLoops) {
+  ForEachSimdTarget([] {
+    for (int64_t n : {0, 1, 5, 64, 1001}) {
+      const auto a = Random(n, 8), b = Random(n, 9);
+      std::vector<float> out(static_cast<size_t>(n));
+      Add(a.data(), b.data(), n, out.data());
+      double want_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(out[i], a[i] + b[i]);
+        want_sum += a[i];
+      }
+      EXPECT_NEAR(Sum(a.data(), n), want_sum, 1e-4 * (1 + n));
+    }
+  });
+}
+
+TEST(EmbeddingLookup, DequantizesRowsAndRejectsBadIds) {
+  const int64_t rows = 5, cols = 64;
+  const auto table_f = Random(rows * cols, 10);
+  const int64_t rb = RowBytes(GgmlType::kQ8_0, cols);
+  std::vector<uint8_t> table(static_cast<size_t>(rows * rb));
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeRow(GgmlType::kQ8_0, table_f.data() + r * cols, cols, table.data() + r * rb);
+  }
+  const WeightMatrix w{GgmlType::kQ8_0, table.data(), rows, cols};
+  const int32_t tokens[] = {4, 0, 4};
+  std::vector<float> out(3 * cols), want(cols);
+  EmbeddingLookup(w, tokens, 3, out.data());
+  for (int t = 0; t < 3; ++t) {
+    DequantizeRow(GgmlType::kQ8_0, table.data() + tokens[t] * rb, cols, want.data());
+    for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(out[t * cols + i], want[i]);
+  }
+  const int32_t bad[] = {1, 5};
+  EXPECT_THROW(EmbeddingLookup(w, bad, 2, out.data()), Error);
+  const int32_t negative[] = {-1};
+  EXPECT_THROW(EmbeddingLookup(w, negative, 1, out.data()), Error);
+}
+
+// ---------------------------------------------------------------- paged KV
+
+// A hand-built paged cache: `n_layers` owned layers, blocks allocated
+// separately and listed in a shuffled order (the table is not contiguous).
+struct PagedKv {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<uint8_t*> table;
+  PagedKvLayer layer;
+
+  PagedKv(int64_t n_positions, int block_tokens, int n_layers, int layer, int n_kv_heads,
+          int head_dim, KvDtype dtype) {
+    const size_t row_bytes = static_cast<size_t>(n_kv_heads) * head_dim * KvDtypeSize(dtype);
+    const size_t block_bytes = 2 * static_cast<size_t>(n_layers) * block_tokens * row_bytes;
+    const int64_t n_blocks = (n_positions + block_tokens - 1) / block_tokens;
+    storage.resize(static_cast<size_t>(n_blocks));
+    for (auto& b : storage) b.assign(block_bytes, 0xCD);
+    std::vector<size_t> order(storage.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(3));
+    for (size_t i : order) table.push_back(storage[i].data());
+    this->layer.blocks = table.data();
+    this->layer.block_tokens = block_tokens;
+    this->layer.k_offset = static_cast<size_t>(2 * layer) * block_tokens * row_bytes;
+    this->layer.v_offset = this->layer.k_offset + static_cast<size_t>(block_tokens) * row_bytes;
+    this->layer.row_bytes = row_bytes;
+    this->layer.n_kv_heads = n_kv_heads;
+    this->layer.head_dim = head_dim;
+    this->layer.dtype = dtype;
+    this->layer.n_positions = n_positions;
+  }
+};
+
+TEST(StoreKvRow, ConvertsLikeScalarStoreAs) {
+  ForEachSimdTarget([] {
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}) {
+      PagedKv kv(6, 4, 2, 1, 3, 12, dt);
+      auto row = Random(36, 11, 10.0f);
+      row[0] = 1e-6f;           // f16 subnormal
+      row[1] = 70000.0f;        // f16 overflow
+      row[2] = 1.00048828125f;  // f16 tie (1 + 2^-11): rounds to even
+      row[3] = -0.0f;
+      for (int64_t pos : {0, 3, 5}) {
+        StoreKvRow(kv.layer, true, pos, row.data());
+        StoreKvRow(kv.layer, false, pos, row.data() + 1);  // shifted: a different V row
+        for (int i = 0; i < 36; ++i) {
+          uint8_t want[4];
+          StoreAs(dt, want, row[i]);
+          ASSERT_EQ(std::memcmp(kv.layer.KRow(pos) + i * KvDtypeSize(dt), want, KvDtypeSize(dt)), 0)
+              << KvDtypeName(dt) << " k elem " << i;
+          if (i < 35) {
+            StoreAs(dt, want, row[i + 1]);
+            ASSERT_EQ(std::memcmp(kv.layer.VRow(pos) + i * KvDtypeSize(dt), want, KvDtypeSize(dt)),
+                      0)
+                << KvDtypeName(dt) << " v elem " << i;
+          }
+        }
+      }
+      // Layer 0's planes were not touched.
+      PagedKvLayer l0 = kv.layer;
+      l0.k_offset = 0;
+      l0.v_offset = static_cast<size_t>(4) * l0.row_bytes;
+      EXPECT_EQ(l0.KRow(3)[0], 0xCD);
+      EXPECT_EQ(l0.VRow(5)[7], 0xCD);
+    }
+  });
+}
+
+struct AttnCase {
+  int n_heads, n_kv_heads, head_dim, block_tokens;
+  int64_t start_pos, n_tokens;
+  KvDtype dtype;
+};
+
+void CheckAttention(const AttnCase& c, ThreadPool* pool) {
+  const int64_t n_pos = c.start_pos + c.n_tokens;
+  PagedKv kv(n_pos, c.block_tokens, 2, 1, c.n_kv_heads, c.head_dim, c.dtype);
+  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const auto keys = Random(n_pos * kv_dim, 12, 1.5f);
+  const auto values = Random(n_pos * kv_dim, 13);
+  for (int64_t p = 0; p < n_pos; ++p) {
+    StoreKvRow(kv.layer, true, p, keys.data() + p * kv_dim);
+    StoreKvRow(kv.layer, false, p, values.data() + p * kv_dim);
+  }
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const auto q = Random(c.n_tokens * q_dim, 14, 1.5f);
+  std::vector<float> got(static_cast<size_t>(c.n_tokens * q_dim)), want(got.size());
+  const AttentionConfig cfg{c.n_heads, c.head_dim, 0.0f};
+  Attention(q.data(), c.n_tokens, c.start_pos, kv.layer, cfg, got.data(), pool);
+  AttentionReference(q.data(), c.n_tokens, c.start_pos, kv.layer, cfg, want.data());
+  ExpectClose(got, want, 1e-4, 2e-5, "attention");
+}
+
+TEST(Attention, MatchesReferenceOverPagedLayouts) {
+  ThreadPool pool(2);
+  ForEachSimdTarget([&] {
+    for (const AttnCase& c : {
+             AttnCase{4, 4, 8, 1, 0, 1, KvDtype::kF32},     // first token
+             AttnCase{4, 4, 8, 1, 5, 3, KvDtype::kF32},     // block_tokens 1
+             AttnCase{8, 2, 64, 16, 37, 1, KvDtype::kF16},  // GQA decode
+             AttnCase{8, 2, 64, 16, 0, 20, KvDtype::kF16},  // prefill across blocks
+             AttnCase{6, 1, 12, 3, 17, 4, KvDtype::kBF16},  // MQA, odd head_dim tail
+             AttnCase{16, 1, 16, 5, 9, 2, KvDtype::kF32},   // group > 8 query heads
+             AttnCase{2, 2, 128, 16, 70, 2, KvDtype::kBF16},
+         }) {
+      SCOPED_TRACE(::testing::Message()
+                   << "heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim << " bt "
+                   << c.block_tokens << " start " << c.start_pos << " n " << c.n_tokens);
+      CheckAttention(c, nullptr);
+      CheckAttention(c, &pool);
+    }
+  });
+}
+
+TEST(Attention, SinglePositionReturnsItsValueAndEqualKeysAverage) {
+  const int hd = 8;
+  PagedKv kv(3, 2, 1, 0, 1, hd, KvDtype::kF32);
+  std::vector<float> k(hd, 0.5f), v0(hd), v1(hd), v2(hd);
+  for (int i = 0; i < hd; ++i) {
+    v0[i] = static_cast<float>(i);
+    v1[i] = 10.0f;
+    v2[i] = -static_cast<float>(i);
+  }
+  for (int64_t p = 0; p < 3; ++p) StoreKvRow(kv.layer, true, p, k.data());
+  StoreKvRow(kv.layer, false, 0, v0.data());
+  StoreKvRow(kv.layer, false, 1, v1.data());
+  StoreKvRow(kv.layer, false, 2, v2.data());
+  const auto q = Random(3 * hd, 15);
+  std::vector<float> out(3 * hd);
+  Attention(q.data(), 3, 0, kv.layer, AttentionConfig{1, hd, 0.0f}, out.data(), nullptr);
+  for (int i = 0; i < hd; ++i) {
+    EXPECT_NEAR(out[i], v0[i], 1e-6);                     // token 0 sees only position 0
+    EXPECT_NEAR(out[hd + i], (v0[i] + v1[i]) / 2, 1e-5);  // equal scores: plain mean
+    EXPECT_NEAR(out[2 * hd + i], (v0[i] + v1[i] + v2[i]) / 3, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace meshnet::ops
