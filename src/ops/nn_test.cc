@@ -84,7 +84,9 @@ TEST(Rope, MatchesReferencePartialDimsAndLargePositions) {
     RopeReference(want.data(), n_tokens, c.n_heads, c.head_dim, cfg, c.start);
     ExpectClose(got, want, 1e-5, 1e-6, "rope");
     for (int64_t k = 0; k < static_cast<int64_t>(x.size()); ++k) {
-      if (k % c.head_dim >= c.rope_dims) ASSERT_EQ(got[k], x[k]) << "non-rotated dim changed";
+      if (k % c.head_dim >= c.rope_dims) {
+        ASSERT_EQ(got[k], x[k]) << "non-rotated dim changed";
+      }
     }
   }
 }
