@@ -24,7 +24,6 @@ struct LlamaShard::Workspace {
   std::vector<float> gate;  // (n, n_ff)
   std::vector<float> up;    // (n, n_ff)
   std::vector<uint8_t> mm;  // MatMul scratch (activation quantization)
-  ops::AttentionScratch attn;
 
   void Reserve(const model::LlamaHParams& hp, int64_t n) {
     if (n <= capacity) return;
@@ -110,51 +109,47 @@ void LlamaShard::Embed(std::span<const int32_t> ids, float* hidden) const {
     throw Error(ErrorKind::kBoundaryContract, "only the head shard owns the token embedding");
   }
   const model::MatrixView& e = weights_.token_embd();
-  const int64_t row_bytes = ops::RowBytes(e.type, e.cols);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= e.rows) {
-      ThrowInvalidArgument("token id " + std::to_string(ids[i]) + " is outside the vocabulary");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= e.rows) {
+      ThrowInvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary (0.." +
+                           std::to_string(e.rows - 1) + ")");
     }
-    ops::DequantizeRow(e.type, static_cast<const uint8_t*>(e.data) + ids[i] * row_bytes, e.cols,
-                       hidden + i * e.cols);
   }
+  ops::EmbeddingLookup(W(e), ids.data(), static_cast<int64_t>(ids.size()), hidden);  // (n, n_embd)
 }
 
 void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const {
   const model::LlamaHParams& hp = hparams_;
   const int64_t d = hp.n_embd;
   const int64_t start = step.start_pos();
+  const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f};
+  const ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
   std::unique_ptr<Workspace> ws = Acquire(n);
+  float* xb = ws->xb.data();
+  void* mm = ws->mm.data();
   for (const model::LayerWeights& lw : weights_.layers()) {
     const ops::PagedKvLayer kv = step.Layer(lw.layer);
     // ---- attention ----
-    for (int64_t t = 0; t < n; ++t) {
-      ops::RmsNorm(hidden + t * d, lw.attn_norm, d, hp.rms_eps, ws->xb.data() + t * d);
+    ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);       // (n, n_embd)
+    ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);          // (n, q_dim)
+    ops::MatMul(W(lw.wk), xb, n, ws->k.data(), mm, pool_);          // (n, kv_dim)
+    ops::MatMul(W(lw.wv), xb, n, ws->v.data(), mm, pool_);          // (n, kv_dim)
+    ops::Rope(ws->q.data(), n, hp.n_heads, hp.head_dim, rope, start);
+    ops::Rope(ws->k.data(), n, hp.n_kv_heads, hp.head_dim, rope, start);
+    for (int64_t t = 0; t < n; ++t) {  // the step's reserved rows
+      ops::StoreKvRow(kv, /*key=*/true, start + t, ws->k.data() + t * hp.kv_dim());
+      ops::StoreKvRow(kv, /*key=*/false, start + t, ws->v.data() + t * hp.kv_dim());
     }
-    ops::MatMul(W(lw.wq), ws->xb.data(), n, ws->q.data(), ws->mm.data(), pool_);  // (n, q_dim)
-    ops::MatMul(W(lw.wk), ws->xb.data(), n, ws->k.data(), ws->mm.data(), pool_);  // (n, kv_dim)
-    ops::MatMul(W(lw.wv), ws->xb.data(), n, ws->v.data(), ws->mm.data(), pool_);  // (n, kv_dim)
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = start + t;
-      ops::Rope(ws->q.data() + t * hp.q_dim(), hp.n_heads, hp.head_dim, hp.n_rot, pos,
-                hp.rope_freq_base);
-      ops::Rope(ws->k.data() + t * hp.kv_dim(), hp.n_kv_heads, hp.head_dim, hp.n_rot, pos,
-                hp.rope_freq_base);
-      ops::StoreKvRow(kv, /*key=*/true, pos, ws->k.data() + t * hp.kv_dim());
-      ops::StoreKvRow(kv, /*key=*/false, pos, ws->v.data() + t * hp.kv_dim());
-    }
-    ops::Attention(ws->q.data(), n, start, kv, hp.n_heads, ws->att.data(), &ws->attn, pool_);
-    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), ws->mm.data(), pool_);  // (n, n_embd)
-    ops::AddInPlace(hidden, ws->proj.data(), n * d);
+    ops::Attention(ws->q.data(), n, start, kv, attn, ws->att.data(), pool_);  // (n, q_dim)
+    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);     // (n, n_embd)
+    ops::Add(hidden, ws->proj.data(), n * d, hidden);
     // ---- feed-forward (SwiGLU) ----
-    for (int64_t t = 0; t < n; ++t) {
-      ops::RmsNorm(hidden + t * d, lw.ffn_norm, d, hp.rms_eps, ws->xb.data() + t * d);
-    }
-    ops::MatMul(W(lw.w_gate), ws->xb.data(), n, ws->gate.data(), ws->mm.data(), pool_);  // (n, n_ff)
-    ops::MatMul(W(lw.w_up), ws->xb.data(), n, ws->up.data(), ws->mm.data(), pool_);      // (n, n_ff)
+    ops::RmsNorm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);            // (n, n_embd)
+    ops::MatMul(W(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);       // (n, n_ff)
+    ops::MatMul(W(lw.w_up), xb, n, ws->up.data(), mm, pool_);           // (n, n_ff)
     ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
-    ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), ws->mm.data(), pool_);  // (n, n_embd)
-    ops::AddInPlace(hidden, ws->proj.data(), n * d);
+    ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
+    ops::Add(hidden, ws->proj.data(), n * d, hidden);
   }
   Return(std::move(ws));
 }
@@ -164,7 +159,7 @@ void LlamaShard::Logits(const float* hidden_row, float* logits) const {
     throw Error(ErrorKind::kBoundaryContract, "only the tail shard owns the final norm and LM head");
   }
   std::unique_ptr<Workspace> ws = Acquire(1);
-  ops::RmsNorm(hidden_row, weights_.output_norm(), hparams_.n_embd, hparams_.rms_eps,
+  ops::RmsNorm(hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps,
                ws->xb.data());
   ops::MatMul(W(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);  // (vocab)
   Return(std::move(ws));
