@@ -29,12 +29,13 @@ namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using D16 = hn::CappedTag<int16_t, 16>;
+// One int16 vector holds up to a whole 32-block (AVX-512); narrower targets
+// take 32 / kN16 chunks per block, each inside one Q6_K scale / Q4 nibble half.
+using D16 = hn::CappedTag<int16_t, 32>;
 using D32 = hn::Repartition<int32_t, D16>;
 using DF32 = hn::Repartition<float, D16>;  // float lanes matching D32
-using DU8 = hn::Rebind<uint8_t, D16>;
-using DI8 = hn::Rebind<int8_t, D16>;
 using V16 = hn::Vec<D16>;
+constexpr size_t kN16 = hn::MaxLanes(D16());
 
 HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;
@@ -90,8 +91,10 @@ struct Q8_0Fmt {
   static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
     h->scale[0] = HalfToFloatFast(LoadU16(p));
   }
-  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int, size_t e) {
-    return hn::PromoteTo(D16(), hn::LoadU(DI8(), reinterpret_cast<const int8_t*>(p + 2) + e));
+  template <class D>
+  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
+    return hn::PromoteTo(
+        d, hn::LoadU(hn::Rebind<int8_t, D>(), reinterpret_cast<const int8_t*>(p + 2) + e));
   }
 };
 
@@ -102,10 +105,22 @@ struct Q4_0Fmt {
     h->scale[0] = HalfToFloatFast(LoadU16(p));
     h->off[0] = 8.0f * h->scale[0];
   }
-  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int, size_t e) {
-    const D16 d;
-    if (e < 16) return hn::And(hn::PromoteTo(d, hn::LoadU(DU8(), p + 2 + e)), hn::Set(d, 0xF));
-    return hn::ShiftRight<4>(hn::PromoteTo(d, hn::LoadU(DU8(), p + 2 + e - 16)));
+  template <class D>
+  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
+#if HWY_TARGET != HWY_SCALAR  // (no Combine there; kN16 is 1)
+    if constexpr (kN16 == 32) {
+      const hn::Half<D> dh;
+      const auto bytes = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, hn::Half<D>>(), p + 2));
+      return hn::Combine(d, hn::ShiftRight<4>(bytes), hn::And(bytes, hn::Set(dh, 0xF)));
+    }
+#endif
+    {
+      if (e < 16)
+        return hn::And(hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 2 + e)),
+                       hn::Set(d, 0xF));
+      return hn::ShiftRight<4>(
+          hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 2 + e - 16)));
+    }
   }
 };
 
@@ -122,9 +137,10 @@ struct Q4_KFmt {
       h->off[j] = dmin * m;
     }
   }
-  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int j, size_t e) {
-    const D16 d;
-    const auto bytes = hn::PromoteTo(d, hn::LoadU(DU8(), p + 16 + 32 * (j / 2) + e));
+  template <class D>
+  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int j, size_t e) {
+    const auto bytes =
+        hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 16 + 32 * (j / 2) + e));
     return (j % 2 == 0) ? hn::And(bytes, hn::Set(d, 0xF)) : hn::ShiftRight<4>(bytes);
   }
 };
@@ -136,16 +152,23 @@ struct Q6_KFmt {
     const float d = HalfToFloatFast(LoadU16(p + 208));
     for (int j = 0; j < 8; ++j) h->scale[j] = d;
   }
-  static HWY_INLINE V16 Code(const uint8_t* p, const SubScales&, int j, size_t e) {
-    const D16 d;
+  template <class D>
+  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int j, size_t e) {
     const int half = j / 4, quarter = j % 4;
-    const auto ql = hn::PromoteTo(d, hn::LoadU(DU8(), p + 64 * half + 32 * (quarter & 1) + e));
-    const auto qh = hn::PromoteTo(d, hn::LoadU(DU8(), p + 128 + 32 * half + e));
+    const auto ql = hn::PromoteTo(
+        d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 64 * half + 32 * (quarter & 1) + e));
+    const auto qh = hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 128 + 32 * half + e));
     const auto lo = quarter < 2 ? hn::And(ql, hn::Set(d, 0xF)) : hn::ShiftRight<4>(ql);
     const auto hi = hn::And(hn::ShiftRightSame(qh, 2 * quarter), hn::Set(d, 3));
     const auto code = hn::Sub(hn::Or(lo, hn::ShiftLeft<4>(hi)), hn::Set(d, 32));
-    const int8_t sc = static_cast<int8_t>(p[192 + 8 * half + 2 * quarter + e / 16]);
-    return hn::Mul(code, hn::Set(d, sc));
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192 + 8 * half + 2 * quarter);
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (kN16 == 32) {  // lanes [0, 16) and [16, 32) have their own scale
+      const hn::Half<D> dh;
+      return hn::Mul(code, hn::Combine(d, hn::Set(dh, sc[1]), hn::Set(dh, sc[0])));
+    }
+#endif
+    { return hn::Mul(code, hn::Set(d, sc[e / 16])); }
   }
 };
 
@@ -158,7 +181,6 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
   const D16 d16;
   const D32 d32;
   const DF32 df;
-  const size_t n16 = hn::Lanes(d16);
   const int64_t row_bytes = w.cols / Fmt::kSuper * Fmt::kBytes;
   const int64_t nb = w.cols / 32;
   const int64_t n_super = w.cols / Fmt::kSuper;
@@ -187,9 +209,9 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
       hn::Vec<D32> sum0[R][T], sum1[R][T];
       for (int r = 0; r < R; ++r)
         for (int t = 0; t < T; ++t) sum0[r][t] = sum1[r][t] = hn::Zero(d32);
-      for (size_t e = 0; e < 32; e += n16) {
+      for (size_t e = 0; e < 32; e += kN16) {
         V16 code[R];
-        for (int r = 0; r < R; ++r) code[r] = Fmt::Code(rows[r] + s * Fmt::kBytes, h[r], j, e);
+        for (int r = 0; r < R; ++r) code[r] = Fmt::Code(d16, rows[r] + s * Fmt::kBytes, h[r], j, e);
         for (int t = 0; t < T; ++t) {
           const V16 xv = hn::LoadU(d16, xq[t] + b * 32 + static_cast<int64_t>(e));
           for (int r = 0; r < R; ++r) {
@@ -221,8 +243,10 @@ HWY_INLINE void QuantTokens(const WeightMatrix& w, int64_t r0, const QuantActs& 
   for (; t < n_tokens; ++t) QuantTile<Fmt, R, 1>(w, r0, t, a, y);
 }
 
-// Decode streams 4 rows at once; prefill tiles 2 rows x kTokens tokens.
-constexpr int kTokens = (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) ? 4 : 2;
+// Decode streams 4 rows at once; prefill tiles 2 rows x kTokens tokens (the
+// accumulators must fit the register file: 32 vector registers on AVX-512).
+constexpr bool kWideRegs = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
+constexpr int kTokens = kWideRegs ? 4 : 2;
 
 template <class Fmt>
 void QuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
@@ -320,6 +344,9 @@ void FloatRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const floa
   if (n_tokens == 1) {
     for (; r + 4 <= r_end; r += 4) FloatTile<WT, 4, 1>(w, r, 0, x, y);
   } else {
+    if constexpr (kWideRegs) {
+      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, 4, 4>(w, r, x, n_tokens, y);
+    }
     for (; r + 2 <= r_end; r += 2) FloatTokens<WT, 2, 4>(w, r, x, n_tokens, y);
   }
   for (; r < r_end; ++r) FloatTokens<WT, 1, 4>(w, r, x, n_tokens, y);
