@@ -152,6 +152,11 @@ GgufWriter::GgufWriter(uint32_t alignment) : alignment_(alignment) {
 
 void GgufWriter::Set(std::string_view key, WriterValue value) {
   if (key.empty()) ThrowInvalidArgument("empty GGUF metadata key");
+  if (key == "general.alignment" &&
+      (value.type() != ValueType::kU32 || value.payload() != WriterValue::U32(alignment_).payload())) {
+    ThrowInvalidArgument("general.alignment must be the u32 " + std::to_string(alignment_) +
+                         " given to the GgufWriter constructor");
+  }
   for (auto& [k, v] : metadata_) {
     if (k == key) {
       v = std::move(value);

@@ -6,7 +6,8 @@
 // Contract:
 //  - Metadata keys keep their insertion order; setting a key twice replaces
 //    its value in place. When the alignment is not the default 32 and the
-//    caller did not set general.alignment, the writer adds it (as u32).
+//    caller did not set general.alignment, the writer adds it (as u32);
+//    setting general.alignment to anything else than that u32 throws.
 //  - AddTensor validates the name (1..63 bytes, unique), 1..4 dimensions of
 //    at least 1, ne0 a multiple of the type's block size and (for the copying
 //    overload) the data size; violations throw Error(kInvalidArgument).

@@ -211,6 +211,9 @@ TEST(GgufWriter, RejectsInvalidInput) {
   expect_invalid([&] { w.AddTensor("", GgmlType::kQ8_0, ok, data); });
   expect_invalid([&] { w.AddTensor(std::string(64, 'n'), GgmlType::kQ8_0, ok, data); });
   expect_invalid([&] { w.Set("", WriterValue::U8(1)); });
+  expect_invalid([&] { w.Set("general.alignment", WriterValue::U32(64)); });  // writer has 32
+  expect_invalid([&] { w.Set("general.alignment", WriterValue::U64(32)); });
+  w.Set("general.alignment", WriterValue::U32(32));
   const WriterValue mixed[] = {WriterValue::U8(1), WriterValue::I8(1)};
   expect_invalid([&] { (void)WriterValue::Array(ValueType::kU8, mixed); });
   EXPECT_EQ(GgufFile::FromBytes(w.WriteToBytes()).tensors().size(), 1u);
