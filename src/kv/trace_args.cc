@@ -172,7 +172,7 @@ bool ClockArg(const JsonValue& v, double* out) {
   }
 }
 
-SessionKind SessionKeyArg(const JsonValue& v, uint64_t* nan_serial, std::string* key) {
+SessionKind SessionKeyArg(const JsonValue& v, std::string* key) {
   key->assign("\xff");
   switch (v.type) {
     case JsonType::kString: key->clear(); return SessionKind::kStr;
@@ -187,8 +187,10 @@ SessionKind SessionKeyArg(const JsonValue& v, uint64_t* nan_serial, std::string*
     default: break;
   }
   const double f = v.number;
-  if (std::isnan(f)) {  // each NaN object equals nothing, not even another NaN
-    key->append("nan:" + std::to_string((*nan_serial)++));
+  if (std::isnan(f)) {
+    // NaN equals nothing, but json.loads returns one shared NaN object for every
+    // NaN literal and dict lookups try identity first: all NaN ids are one key.
+    key->append("NaN");
   } else if (std::isinf(f)) {
     key->append(f > 0 ? "#inf" : "#-inf");
   } else if (f == std::floor(f)) {  // equal to the int of the same value

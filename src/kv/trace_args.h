@@ -46,10 +46,11 @@ bool ClockArg(const JsonValue& v, double* out);
 // A session id used as a dict key. kStr: the id is the string itself.
 // kOther: a hashable non-str value (null, bool, number), which no open can
 // create, but which release records and lookups find with Python's equality
-// (1 == 1.0 == true; NaN equals nothing); *key gets a stand-in id starting with
-// byte 0xFF, which no UTF-8 string holds. kUnhashable: a list or dict.
+// (1 == 1.0 == true; every NaN literal is json's one shared NaN object, so
+// NaN finds NaN by identity); *key gets a stand-in id starting with byte 0xFF,
+// which no UTF-8 string holds. kUnhashable: a list or dict.
 enum class SessionKind { kStr, kOther, kUnhashable };
-SessionKind SessionKeyArg(const JsonValue& v, uint64_t* nan_serial, std::string* key);
+SessionKind SessionKeyArg(const JsonValue& v, std::string* key);
 
 // The manager config of a `config` op (budget_bytes, max_sessions,
 // ttl_seconds, miss_history, block_tokens), validated as HotKvStateConfig's

@@ -91,6 +91,7 @@ class TraceReplayer::Impl {
     const JsonValue* kind_value = doc_.Find(op, "op");
     const std::string_view kind =
         kind_value != nullptr && kind_value->type == JsonType::kString ? kind_value->text : "";
+    non_str_session_ = false;
     try {
       if (kind == "config") {
         Config(op, out);
@@ -126,7 +127,10 @@ class TraceReplayer::Impl {
     out->append(s);
     out->push_back('\n');
   }
-  static void EmitCacheMiss(std::string* out, CacheMissReason r) {
+  // A raised miss formats the id with session_id[:8], which raises TypeError
+  // for a non-str id: the reference then answers invalid-argument.
+  void EmitCacheMiss(std::string* out, CacheMissReason r) {
+    if (non_str_session_) return Emit(out, kInvalid);
     out->append("{\"error\":\"cache-miss\",\"reason\":\"")
         .append(CacheMissReasonName(r))
         .append("\"}\n");
@@ -159,9 +163,10 @@ class TraceReplayer::Impl {
 
   // The manager's id for a hashable session value.
   std::string_view SessionId(const JsonValue& v) {
-    if (trace::SessionKeyArg(v, &nan_serial_, &session_scratch_) == trace::SessionKind::kStr) {
+    if (trace::SessionKeyArg(v, &session_scratch_) == trace::SessionKind::kStr) {
       return v.text;
     }
+    non_str_session_ = true;
     return session_scratch_;
   }
 
@@ -461,7 +466,7 @@ class TraceReplayer::Impl {
   trace::TraceRecipe op_recipe_;
   trace::JsonDocument doc_;
   std::string session_scratch_;
-  uint64_t nan_serial_ = 0;
+  bool non_str_session_ = false;  // this op's session id is not a str
   // Row tables: (1000 + head_dim) entries of (i % 1000) / 1000 and its negation.
   std::vector<float> k_f32_, v_f32_;         // float32, for Append's LayerKv
   std::vector<uint8_t> k_store_, v_store_;   // in the kv dtype, for KvStep rows
