@@ -3,6 +3,7 @@
 // shards whose managers cannot hold them all, each equal to its solo run.
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <thread>
 
 #include "gguf/gguf_reader.h"
@@ -56,13 +57,24 @@ TEST(ConcurrentGeneration, PressureNeverCorruptsOutput) {
   ASSERT_EQ(mesh.manager(0).recipe().BytesPerToken(), 512);
   std::vector<std::vector<int32_t>> got(prompts.size());
   std::vector<int> recoveries(prompts.size());
+  // The generations advance in lockstep (a barrier after every token), so all
+  // eight sessions are live at once on every shard, whatever the scheduler
+  // does: the cap of 5 must evict on every round.
+  std::barrier round(static_cast<std::ptrdiff_t>(prompts.size()));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < prompts.size(); ++i) {
     threads.emplace_back([&, i] {
       FixedRouteProvider p(mesh.route());
-      GenerateResult r = Generate(p, tok.Encode(prompts[i], true), options_for(i));
-      got[i] = r.generated_ids;
-      recoveries[i] = r.re_prefills;
+      GenerateEvents ev;
+      ev.on_token = [&](int32_t) { round.arrive_and_wait(); };
+      try {
+        GenerateResult r = Generate(p, tok.Encode(prompts[i], true), options_for(i), ev);
+        got[i] = r.generated_ids;
+        recoveries[i] = r.re_prefills;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << prompts[i] << ": " << e.what();
+        round.arrive_and_drop();
+      }
     });
   }
   for (auto& t : threads) t.join();

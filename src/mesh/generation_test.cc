@@ -40,19 +40,19 @@ std::string ReferenceContinuation() {
   return s.substr(open + 4, close - open - 4);
 }
 
-struct Run {
+struct RunOutput {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;
   int re_prefills = 0;
 };
 
-Run Generate(InProcessMesh& mesh, const std::vector<int32_t>& prompt, int n,
+RunOutput Generate(InProcessMesh& mesh, const std::vector<int32_t>& prompt, int n,
              const GenerateEvents& extra = {}, shard::SamplingContract sampling = {}) {
   FixedRouteProvider provider(mesh.route());
   GenerateOptions o;
   o.max_tokens = n;
   o.sampling = sampling;
-  Run run;
+  RunOutput run;
   GenerateEvents ev = extra;
   ev.on_logits = [&](std::span<const float> l) { run.logits.emplace_back(l.begin(), l.end()); };
   GenerateResult r = mesh::Generate(provider, prompt, o, ev);
@@ -72,7 +72,7 @@ TEST(Generation, GreedyMatchesTheReferenceContinuation) {
   InProcessMeshOptions mo;
   mo.split = EvenSplit(3, 5);
   InProcessMesh mesh(File(), mo, Pool());
-  Run run = Generate(mesh, prompt, 64);
+  RunOutput run = Generate(mesh, prompt, 64);
   ASSERT_EQ(run.tokens.size(), 64u);
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), run.tokens.begin(), run.tokens.end());
@@ -103,14 +103,14 @@ TEST(Generation, EverySplitGivesIdenticalTokensAndLogits) {
   const std::vector<int32_t> prompt = Prompt();
   InProcessMeshOptions whole;
   InProcessMesh unsplit(File(), whole, Pool());
-  const Run ref = Generate(unsplit, prompt, 24);
+  const RunOutput ref = Generate(unsplit, prompt, 24);
   const auto splits = AllSplits(5);
   ASSERT_EQ(splits.size(), 16u);
   for (const auto& split : splits) {
     InProcessMeshOptions mo;
     mo.split = split;
     InProcessMesh mesh(File(), mo, Pool());
-    const Run run = Generate(mesh, prompt, 24);
+    const RunOutput run = Generate(mesh, prompt, 24);
     ASSERT_EQ(run.tokens, ref.tokens) << mesh.route().Describe();
     for (size_t s = 0; s < ref.logits.size(); ++s) {
       for (size_t i = 0; i < ref.logits[s].size(); ++i) {
@@ -125,14 +125,14 @@ TEST(Generation, CachedDecodeEqualsFullRecompute) {
   InProcessMeshOptions mo;
   mo.split = EvenSplit(3, 5);
   InProcessMesh mesh(File(), mo, Pool());
-  const Run cached = Generate(mesh, prompt, 64);
+  const RunOutput cached = Generate(mesh, prompt, 64);
   ASSERT_EQ(cached.logits.size(), 64u);
   // Recompute each step from scratch: a fresh session prefilled with the whole
   // history, so no cached state is reused.
   std::vector<int32_t> history = prompt;
   double worst = 0;
   for (int s = 0; s < 64; ++s) {
-    const Run fresh = Generate(mesh, history, 1);
+    const RunOutput fresh = Generate(mesh, history, 1);
     for (size_t i = 0; i < fresh.logits[0].size(); ++i) {
       worst = std::max(worst, static_cast<double>(std::abs(fresh.logits[0][i] - cached.logits[s][i])));
     }
@@ -147,7 +147,7 @@ TEST(Generation, ForcedEvictionReprefillsAndKeepsTheOutput) {
   mo.split = EvenSplit(3, 5);
   mo.kv_config.max_sessions = 1;
   InProcessMesh mesh(File(), mo, Pool());
-  const Run undisturbed = Generate(mesh, prompt, 40);
+  const RunOutput undisturbed = Generate(mesh, prompt, 40);
   ASSERT_EQ(undisturbed.re_prefills, 0);
 
   GenerateEvents ev;
@@ -156,10 +156,15 @@ TEST(Generation, ForcedEvictionReprefillsAndKeepsTheOutput) {
     // Mid-generation, another session takes the middle shard's only slot.
     if (++seen == 17) mesh.manager(1).Open("intruder", 0);
   };
-  const Run disturbed = Generate(mesh, prompt, 40, ev);
+  const RunOutput disturbed = Generate(mesh, prompt, 40, ev);
   EXPECT_EQ(disturbed.re_prefills, 1);
   EXPECT_EQ(disturbed.tokens, undisturbed.tokens);
-  EXPECT_EQ(mesh.manager(1).Stats().evictions[static_cast<int>(kv::CacheMissReason::kEvictedLru)], 1);
+  // Two LRU evictions on the middle shard: ours by the intruder, then the
+  // intruder's by our re-prefill.
+  EXPECT_EQ(mesh.manager(1).Stats().evictions[static_cast<int>(kv::CacheMissReason::kEvictedLru)], 2);
+  auto intruder = mesh.manager(1).Resolve("intruder", 0);
+  ASSERT_TRUE(std::holds_alternative<kv::CacheMiss>(intruder));
+  EXPECT_EQ(std::get<kv::CacheMiss>(intruder).reason, kv::CacheMissReason::kEvictedLru);
 }
 
 TEST(Generation, SeededSamplingIsReproducible) {
@@ -168,10 +173,10 @@ TEST(Generation, SeededSamplingIsReproducible) {
   mo.split = EvenSplit(2, 5);
   InProcessMesh mesh(File(), mo, Pool());
   shard::SamplingContract s{0.9f, 40, 0.95f, 1234};
-  const Run a = Generate(mesh, prompt, 32, {}, s);
-  const Run b = Generate(mesh, prompt, 32, {}, s);
+  const RunOutput a = Generate(mesh, prompt, 32, {}, s);
+  const RunOutput b = Generate(mesh, prompt, 32, {}, s);
   s.seed = 99;
-  const Run c = Generate(mesh, prompt, 32, {}, s);
+  const RunOutput c = Generate(mesh, prompt, 32, {}, s);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_NE(a.tokens, c.tokens);
 }
