@@ -131,11 +131,11 @@ int RunGenerate(const GenerateFlags& f) {
   }
   const mesh::GenerateResult result = mesh::Generate(*provider, prompt_ids, options, events);
   if (json) {
-    nlohmann::json out;
+    nlohmann::ordered_json out;
     out["prompt_ids"] = prompt_ids;
     out["generated_ids"] = result.generated_ids;
     out["text"] = text;
-    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   } else {
     std::fputc('\n', stdout);
   }
