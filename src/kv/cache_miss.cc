@@ -6,12 +6,18 @@ namespace meshnet::kv {
 
 std::string_view CacheMissReasonName(CacheMissReason r) {
   switch (r) {
-    case CacheMissReason::kUnknownSession: return "unknown-session";
-    case CacheMissReason::kEvictedTtl: return "evicted-ttl";
-    case CacheMissReason::kEvictedLru: return "evicted-lru";
-    case CacheMissReason::kReleased: return "released";
-    case CacheMissReason::kSupersededEpoch: return "superseded-epoch";
-    case CacheMissReason::kSeqLenMismatch: return "seq-len-mismatch";
+    case CacheMissReason::kUnknownSession:
+      return "unknown-session";
+    case CacheMissReason::kEvictedTtl:
+      return "evicted-ttl";
+    case CacheMissReason::kEvictedLru:
+      return "evicted-lru";
+    case CacheMissReason::kReleased:
+      return "released";
+    case CacheMissReason::kSupersededEpoch:
+      return "superseded-epoch";
+    case CacheMissReason::kSeqLenMismatch:
+      return "seq-len-mismatch";
   }
   return "unknown";
 }
@@ -24,7 +30,11 @@ std::string_view Utf8Prefix(std::string_view s, size_t n) {
   size_t i = 0;
   for (size_t chars = 0; i < s.size() && chars < n; ++chars) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 1;
     i += len;
   }
   return s.substr(0, i < s.size() ? i : s.size());

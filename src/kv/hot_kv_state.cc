@@ -43,8 +43,8 @@ namespace {
 // Python's str.isspace() for one code point.
 bool IsPySpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202f || c == 0x205f || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+         c == 0x205f || c == 0x3000;
 }
 
 // True if `s` is empty or only whitespace (Python's `not s.strip()`), reading
@@ -97,198 +97,6 @@ void HotKvStateConfig::Validate() const {
   if (epoch_history < 0) ThrowInvalidArgument("epoch_history must be >= 0");
 }
 
-// --- ManagerState ----------------------------------------------------------------
-
-ManagerState::ManagerState(const KvCacheRecipe& recipe, const HotKvStateConfig& cfg,
-                              const Clock* c)
-    : clock(c),
-      config(cfg),
-      fingerprint(recipe.Fingerprint()),
-      first_layer(recipe.start_layer),
-      num_layers(recipe.num_owned_layers()),
-      n_kv_heads(recipe.n_kv_heads),
-      head_dim(recipe.head_dim),
-      dtype(recipe.kv_dtype),
-      row_bytes(int64_t{recipe.n_kv_heads} * recipe.head_dim * KvDtypeSize(recipe.kv_dtype)),
-      bytes_per_token(recipe.BytesPerToken()),
-      block_bytes(bytes_per_token * cfg.block_tokens),
-      pool(static_cast<size_t>(block_bytes), cfg.budget_bytes / block_bytes) {}
-
-ManagerState::~ManagerState() {
-  // Handles must not outlive the manager; free whatever is left regardless.
-  while (SessionEntry* e = lru.front()) {
-    lru.Remove(e);
-    FreeEntryLocked(e);
-  }
-  while (SessionEntry* e = dead.front()) {
-    dead.Remove(e);
-    FreeEntryLocked(e);
-  }
-}
-
-double ManagerState::NowLocked() {
-  const double t = clock->Now();
-  if (t > last_now) last_now = t;
-  return last_now;
-}
-
-IdRecord* ManagerState::FindId(std::string_view id) {
-  auto it = ids.find(id);
-  return it == ids.end() ? nullptr : &it->second;
-}
-
-void ManagerState::CheckStaleLocked(std::string_view id, int64_t epoch) {
-  IdRecord* r = FindId(id);
-  if (r == nullptr) return;
-  if (r->live == nullptr) idle_ids.MoveToBack(r);  // touched
-  if (epoch < r->latest_epoch) {
-    throw Error(ErrorKind::kStaleEpoch, "session " + ShortSessionId(id) + " route epoch " +
-                                            std::to_string(epoch) +
-                                            " is stale; current epoch is " +
-                                            std::to_string(r->latest_epoch));
-  }
-}
-
-SessionEntry* ManagerState::FindLiveLocked(std::string_view id, int64_t epoch) {
-  IdRecord* r = FindId(id);
-  if (r == nullptr || r->live == nullptr || r->live->route_epoch != epoch) return nullptr;
-  return r->live;
-}
-
-void ManagerState::EvictExpiredLocked(double now) {
-  const double ttl = config.ttl_seconds;
-  if (ttl <= 0) return;
-  while (SessionEntry* e = lru.front()) {
-    if (!(now - e->last_tick > ttl)) break;
-    DropLocked(e, CacheMissReason::kEvictedTtl, true);
-  }
-}
-
-void ManagerState::DropLocked(SessionEntry* e, CacheMissReason reason, bool record,
-                                         std::string detail) {
-  lru.Remove(e);
-  IdRecord* r = e->id;
-  r->live = nullptr;
-  idle_ids.PushBack(r);
-  e->id = nullptr;
-  live_blocks -= static_cast<int64_t>(e->blocks.size());
-  live_tokens -= e->seq_len;
-  e->live = false;
-  e->death_reason = reason;
-  if (record) {
-    ++evictions[static_cast<int>(reason)];
-    RecordMissLocked(e->session_id, e->route_epoch, reason, detail);
-  } else {
-    ++replaced;
-  }
-  e->death_detail = std::move(detail);
-  if (e->pins == 0) {
-    FreeEntryLocked(e);
-  } else {
-    dead.PushBack(e);
-  }
-}
-
-void ManagerState::RecordMissLocked(std::string_view id, int64_t epoch,
-                                               CacheMissReason reason, std::string detail) {
-  if (config.miss_history <= 0) return;
-  ForgetMissLocked(id, epoch);
-  miss_list.push_back(CacheMiss{std::string(id), epoch, reason, std::move(detail)});
-  auto it = std::prev(miss_list.end());
-  miss_index.emplace(MissKey{it->session_id, epoch}, it);
-  while (static_cast<int64_t>(miss_list.size()) > config.miss_history) {
-    miss_index.erase(MissKey{miss_list.front().session_id, miss_list.front().route_epoch});
-    miss_list.pop_front();
-  }
-}
-
-void ManagerState::ForgetMissLocked(std::string_view id, int64_t epoch) {
-  auto it = miss_index.find(MissKey{id, epoch});
-  if (it == miss_index.end()) return;
-  auto node = it->second;
-  miss_index.erase(it);
-  miss_list.erase(node);
-}
-
-CacheMiss ManagerState::RecordedMissLocked(std::string_view id, int64_t epoch) const {
-  auto it = miss_index.find(MissKey{id, epoch});
-  if (it != miss_index.end()) return *it->second;
-  return CacheMiss{std::string(id), epoch, CacheMissReason::kUnknownSession, {}};
-}
-
-void ManagerState::TrimIdsLocked() {
-  while (idle_ids.size() > config.epoch_history) {
-    IdRecord* r = idle_ids.front();
-    idle_ids.Remove(r);
-    ids.erase(ids.find(std::string_view(*r->id)));
-  }
-}
-
-template <typename Done>
-void ManagerState::EvictLruUntilLocked(const SessionEntry* protect, Done done) {
-  // Walks from the LRU front once; passes over pinned entries (at most the
-  // number of in-flight requests) and the protected one.
-  SessionEntry* e = lru.front();
-  while (e != nullptr && !done()) {
-    SessionEntry* next = decltype(lru)::Next(e);
-    if (e != protect && e->pins == 0) DropLocked(e, CacheMissReason::kEvictedLru, true);
-    e = next;
-  }
-}
-
-void ManagerState::ShrinkBlocksLocked(SessionEntry* e, int64_t keep) {
-  while (static_cast<int64_t>(e->blocks.size()) > keep) {
-    pool.Free(e->blocks.back());
-    e->blocks.pop_back();
-    if (e->live) --live_blocks;
-  }
-}
-
-void ManagerState::PinLocked(SessionEntry* e) {
-  if (e->pins++ == 0) ++pinned;
-}
-
-void ManagerState::UnpinLocked(SessionEntry* e) {
-  if (--e->pins > 0) return;
-  --pinned;
-  if (!e->live) {
-    dead.Remove(e);
-    FreeEntryLocked(e);
-  }
-}
-
-void ManagerState::FreeEntryLocked(SessionEntry* e) {
-  for (uint8_t* b : e->blocks) pool.Free(b);
-  delete e;
-}
-
-void ManagerState::TouchLocked(SessionEntry* e, double now) {
-  e->last_tick = now;
-  lru.MoveToBack(e);
-}
-
-ops::PagedKvLayer ManagerState::View(const SessionEntry* e, int layer,
-                                                int64_t n_positions) const {
-  const int idx = layer - first_layer;
-  if (idx < 0 || idx >= num_layers) {
-    ThrowInvalidArgument("layer " + std::to_string(layer) + " is not owned by this shard (owned " +
-                         std::to_string(first_layer) + ".." +
-                         std::to_string(first_layer + num_layers - 1) + ")");
-  }
-  const int64_t bt = config.block_tokens;
-  ops::PagedKvLayer v;
-  v.blocks = e->blocks.data();
-  v.block_tokens = static_cast<int32_t>(bt);
-  v.k_offset = static_cast<size_t>(2 * idx * bt * row_bytes);
-  v.v_offset = static_cast<size_t>((2 * idx + 1) * bt * row_bytes);
-  v.row_bytes = static_cast<size_t>(row_bytes);
-  v.n_kv_heads = n_kv_heads;
-  v.head_dim = head_dim;
-  v.dtype = dtype;
-  v.n_positions = n_positions;
-  return v;
-}
-
 // --- Manager ------------------------------------------------------------------
 
 namespace {
@@ -322,8 +130,7 @@ int64_t ValidateKv(const ManagerState& m, std::span<const LayerKv> kv) {
   if (!exact) {
     ThrowInvalidArgument("append must cover exactly the owned layers [" +
                          std::to_string(m.first_layer) + ".." +
-                         std::to_string(m.first_layer + m.num_layers - 1) + "], got [" + got +
-                         "]");
+                         std::to_string(m.first_layer + m.num_layers - 1) + "], got [" + got + "]");
   }
   const int64_t n = kv[0].n_tokens;
   for (const LayerKv& l : kv) {
@@ -332,8 +139,8 @@ int64_t ValidateKv(const ManagerState& m, std::span<const LayerKv> kv) {
   if (n < 0) ThrowInvalidArgument("append token count must be >= 0");
   const int64_t row = int64_t{m.n_kv_heads} * m.head_dim;
   for (const LayerKv& l : kv) {
-    const std::string want = "(" + std::to_string(n) + ", " + std::to_string(m.n_kv_heads) +
-                             ", " + std::to_string(m.head_dim) + ")";
+    const std::string want = "(" + std::to_string(n) + ", " + std::to_string(m.n_kv_heads) + ", " +
+                             std::to_string(m.head_dim) + ")";
     if (static_cast<int64_t>(l.keys.size()) != n * row) {
       ThrowInvalidArgument("layer " + std::to_string(l.layer) + " keys must be " + want + ", got " +
                            std::to_string(l.keys.size()) + " values");
@@ -355,8 +162,8 @@ struct Begun {
 // The shared check sequence of Append and BeginStep (mu held): stale, TTL,
 // live lookup, busy, expected_seq_len, shape (Append), budget with LRU
 // eviction of others, reserve, refresh. Returns a CacheMiss value on a miss.
-std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
-                                           int64_t epoch, std::optional<int64_t> expected,
+std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id, int64_t epoch,
+                                           std::optional<int64_t> expected,
                                            const std::span<const LayerKv>* kv, int64_t n_new) {
   m.CheckStaleLocked(id, epoch);
   const double now = m.NowLocked();
@@ -394,9 +201,11 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   m.EvictLruUntilLocked(e, [&] { return m.pool.used() + extra <= m.pool.capacity(); });
   if (m.pool.used() + extra > m.pool.capacity()) {
     throw Error(ErrorKind::kBudgetExceeded,
-                "session " + ShortSessionId(id) + " needs " + std::to_string(extra * m.block_bytes) +
+                "session " + ShortSessionId(id) + " needs " +
+                    std::to_string(extra * m.block_bytes) +
                     " more bytes but sessions pinned by in-flight requests hold the rest of the "
-                    "KV budget " + std::to_string(m.config.budget_bytes));
+                    "KV budget " +
+                    std::to_string(m.config.budget_bytes));
   }
   try {
     for (int64_t i = 0; i < extra; ++i) {

@@ -65,7 +65,9 @@ ops::PagedKvLayer SessionHandle::Layer(int layer) const {
   return m.View(entry_, layer, entry_->seq_len);
 }
 
-std::vector<float> SessionHandle::ReadKeys(int layer) const { return ReadPlane(Layer(layer), true); }
+std::vector<float> SessionHandle::ReadKeys(int layer) const {
+  return ReadPlane(Layer(layer), true);
+}
 std::vector<float> SessionHandle::ReadValues(int layer) const {
   return ReadPlane(Layer(layer), false);
 }

@@ -116,7 +116,8 @@ struct MissKey {
 };
 struct MissKeyHash {
   size_t operator()(const MissKey& k) const {
-    return std::hash<std::string_view>{}(k.id) ^ (std::hash<int64_t>{}(k.epoch) * 0x9e3779b97f4a7c15ull);
+    return std::hash<std::string_view>{}(k.id) ^
+           (std::hash<int64_t>{}(k.epoch) * 0x9e3779b97f4a7c15ull);
   }
 };
 
@@ -144,8 +145,8 @@ struct ManagerState {
   IntrusiveList<SessionEntry, &SessionEntry::lru> lru;   // live entries, oldest first
   IntrusiveList<SessionEntry, &SessionEntry::lru> dead;  // dead entries kept by pins
   std::unordered_map<std::string, IdRecord, StringHash, std::equal_to<>> ids;
-  IntrusiveList<IdRecord, &IdRecord::idle> idle_ids;    // ids without live state, oldest first
-  std::list<CacheMiss> miss_list;                        // oldest first
+  IntrusiveList<IdRecord, &IdRecord::idle> idle_ids;  // ids without live state, oldest first
+  std::list<CacheMiss> miss_list;                     // oldest first
   std::unordered_map<MissKey, std::list<CacheMiss>::iterator, MissKeyHash> miss_index;
   int64_t live_blocks = 0;  // blocks in live entries' tables
   int64_t live_tokens = 0;  // sum of live seq_len
@@ -186,5 +187,17 @@ struct ManagerState {
   // owner is the only one who may change e->blocks (an in-flight step).
   ops::PagedKvLayer View(const SessionEntry* e, int layer, int64_t n_positions) const;
 };
+
+// Walks from the LRU front once; passes over pinned entries (at most the
+// number of in-flight requests) and the protected one.
+template <typename Done>
+void ManagerState::EvictLruUntilLocked(const SessionEntry* protect, Done done) {
+  SessionEntry* e = lru.front();
+  while (e != nullptr && !done()) {
+    SessionEntry* next = decltype(lru)::Next(e);
+    if (e != protect && e->pins == 0) DropLocked(e, CacheMissReason::kEvictedLru, true);
+    e = next;
+  }
+}
 
 }  // namespace meshnet::kv

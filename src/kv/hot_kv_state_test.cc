@@ -129,7 +129,13 @@ TEST_F(HotKvStateTest, OpenRejectsBlankIdsAndNegativeEpochsFirst) {
   EXPECT_EQ(Outcome([&] { m_->Open(" ", 0, &other); }), "invalid-argument");
   EXPECT_EQ(Outcome([&] { m_->Open("a", -1, &other); }), "invalid-argument");
   // Non-ASCII, non-blank ids are fine.
-  EXPECT_EQ(Outcome([&] { m_->Open("s\xc3\xa9" "ance-\xc3\xbc", 0); }), "ok");
+  EXPECT_EQ(Outcome([&] {
+              m_->Open(
+                  "s\xc3\xa9"
+                  "ance-\xc3\xbc",
+                  0);
+            }),
+            "ok");
   EXPECT_EQ(m_->SessionCount(), 1);
 }
 
@@ -433,8 +439,8 @@ TEST_F(HotKvStateTest, MissHistoryIsABoundedLruThatLookupsDoNotConsume) {
   m_->Release("b", 0);
   EXPECT_EQ(Res("a", 0), "miss:released");
   EXPECT_EQ(Res("a", 0), "miss:released");  // not consumed
-  m_->Release("a", 0);                       // re-recording moves a to newest
-  m_->Release("c", 0);                       // drops b, the oldest
+  m_->Release("a", 0);                      // re-recording moves a to newest
+  m_->Release("c", 0);                      // drops b, the oldest
   EXPECT_EQ(Res("b", 0), "miss:unknown-session");
   EXPECT_EQ(Res("a", 0), "miss:released");
   EXPECT_EQ(Res("c", 0), "miss:released");
@@ -477,13 +483,13 @@ TEST_F(HotKvStateTest, MalformedAppendIsRefusedBeforeEvictingOrWriting) {
   AppendBuffers ok = SpecRows(recipe_, "b", 0, 1, 2);
   AppendBuffers one = SpecRows(recipe_, "b", 0, 1, 1);
   std::vector<float> short_k(ok.k[1].begin(), ok.k[1].end() - 1);
-  expect_refused({ok.layers[0]});                                   // missing layer 3
-  expect_refused({ok.layers[0], ok.layers[1], ok.layers[1]});       // duplicate layer
-  expect_refused({ok.layers[0], {1, 2, ok.k[0], ok.v[0]}});         // unowned layer
-  expect_refused({ok.layers[0], one.layers[1]});                    // token counts disagree
-  expect_refused({ok.layers[0], {3, 2, short_k, ok.v[1]}});         // keys too short
-  expect_refused({ok.layers[0], {3, 2, ok.k[1], one.v[1]}});        // values too short
-  expect_refused({{2, -1, {}, {}}, {3, -1, {}, {}}});               // negative count
+  expect_refused({ok.layers[0]});                              // missing layer 3
+  expect_refused({ok.layers[0], ok.layers[1], ok.layers[1]});  // duplicate layer
+  expect_refused({ok.layers[0], {1, 2, ok.k[0], ok.v[0]}});    // unowned layer
+  expect_refused({ok.layers[0], one.layers[1]});               // token counts disagree
+  expect_refused({ok.layers[0], {3, 2, short_k, ok.v[1]}});    // keys too short
+  expect_refused({ok.layers[0], {3, 2, ok.k[1], one.v[1]}});   // values too short
+  expect_refused({{2, -1, {}, {}}, {3, -1, {}, {}}});          // negative count
   expect_refused({});
   EXPECT_EQ(Res("b", 0), "ok:1");
   // Layers may come in any order.
@@ -510,7 +516,8 @@ TEST_F(HotKvStateTest, HalfAndBfloatRowsAreRounded) {
     AppendBuffers b = SpecRows(recipe_, "s", 0, 0, 3);
     std::vector<float> want;
     for (float f : b.k[1]) {
-      want.push_back(dt == KvDtype::kF16 ? HalfToFloat(FloatToHalf(f)) : Bf16ToFloat(FloatToBf16(f)));
+      want.push_back(dt == KvDtype::kF16 ? HalfToFloat(FloatToHalf(f))
+                                         : Bf16ToFloat(FloatToBf16(f)));
     }
     EXPECT_EQ(h.ReadKeys(3), want);
     EXPECT_NE(h.ReadKeys(3), b.k[1]);  // really stored narrower
@@ -521,11 +528,11 @@ TEST_F(HotKvStateTest, HalfAndBfloatRowsAreRounded) {
 TEST_F(HotKvStateTest, StatsCountHitsMissesAndEvictions) {
   Make();
   Open("a", 0);
-  Add("a", 0, 2, 0);       // hit
-  Res("a", 0);             // hit
-  Res("a", 0, 9);          // mismatch
-  Res("a", 0);             // miss (mismatch again)
-  Res("q", 0);             // unknown
+  Add("a", 0, 2, 0);  // hit
+  Res("a", 0);        // hit
+  Res("a", 0, 9);     // mismatch
+  Res("a", 0);        // miss (mismatch again)
+  Res("q", 0);        // unknown
   Open("b", 0);
   m_->Release("b", 0);
   HotKvStats s = m_->Stats();

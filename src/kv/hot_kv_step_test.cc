@@ -35,16 +35,18 @@ std::string Outcome(const std::function<void()>& f) {
 
 // Writes spec rows [start, start+n) of every owned layer through a step view.
 void WriteSpecRows(const KvCacheRecipe& r, KvStep& step) {
-  AppendBuffers b = SpecRows(r, step.session_id(), step.route_epoch(), step.start_pos(),
-                             step.n_new());
+  AppendBuffers b =
+      SpecRows(r, step.session_id(), step.route_epoch(), step.start_pos(), step.n_new());
   const int64_t row = int64_t{r.n_kv_heads} * r.head_dim;
   for (int i = 0; i < r.num_owned_layers(); ++i) {
     ops::PagedKvLayer v = step.Layer(r.start_layer + i);
     EXPECT_EQ(v.n_positions, step.start_pos() + step.n_new());
     for (int64_t t = 0; t < step.n_new(); ++t) {
       for (int64_t j = 0; j < row; ++j) {
-        StoreAs(v.dtype, v.KRow(step.start_pos() + t) + j * KvDtypeSize(v.dtype), b.k[i][t * row + j]);
-        StoreAs(v.dtype, v.VRow(step.start_pos() + t) + j * KvDtypeSize(v.dtype), b.v[i][t * row + j]);
+        StoreAs(v.dtype, v.KRow(step.start_pos() + t) + j * KvDtypeSize(v.dtype),
+                b.k[i][t * row + j]);
+        StoreAs(v.dtype, v.VRow(step.start_pos() + t) + j * KvDtypeSize(v.dtype),
+                b.v[i][t * row + j]);
       }
     }
   }
@@ -134,7 +136,7 @@ TEST_F(KvStepTest, TruncateReturnsWholeBlocksAndBlocksAreReused) {
   Add("a", 0, 0, 9);  // 3 blocks
   EXPECT_EQ(m_->Stats().blocks_used, 3);
   const int64_t free_before = m_->Stats().blocks_free;  // includes untouched slab blocks
-  EXPECT_EQ(m_->Truncate("a", 0, 5), 5);  // 2 blocks
+  EXPECT_EQ(m_->Truncate("a", 0, 5), 5);                // 2 blocks
   EXPECT_EQ(m_->Stats().blocks_used, 2);
   EXPECT_EQ(m_->Stats().blocks_free, free_before + 1);
   ExpectContent("a", 0, 5);
@@ -309,8 +311,8 @@ TEST_F(KvStepTest, PinnedHandleKeepsContentReadableAfterDeath) {
   EXPECT_TRUE(m_->Release("a", 0));
   EXPECT_FALSE(h.alive());
   EXPECT_EQ(m_->Stats().live_sessions, 0);
-  EXPECT_EQ(m_->TotalBytes(), 0);          // no longer a live session's bytes
-  EXPECT_EQ(m_->Stats().blocks_used, 2);   // but still held
+  EXPECT_EQ(m_->TotalBytes(), 0);         // no longer a live session's bytes
+  EXPECT_EQ(m_->Stats().blocks_used, 2);  // but still held
   // Other sessions cannot take the pinned blocks: they are not in the pool.
   m_->Open("b", 0);
   Add("b", 0, 0, 24);  // 6 blocks: exactly what is left

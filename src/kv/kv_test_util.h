@@ -26,8 +26,8 @@ inline KvCacheRecipe MiniRecipe(KvDtype dtype = KvDtype::kF32) {
 // K = ((fnv1a32(session) + 31*epoch + 131*L + 17*p + 7*h + d) % 1000) / 1000.
 inline double SpecK(const std::string& session, int64_t epoch, int layer, int64_t pos, int h,
                     int d) {
-  const int64_t x = int64_t{Fnv1a32(session)} + 31 * epoch + 131 * int64_t{layer} + 17 * pos +
-                    7 * int64_t{h} + d;
+  const int64_t x =
+      int64_t{Fnv1a32(session)} + 31 * epoch + 131 * int64_t{layer} + 17 * pos + 7 * int64_t{h} + d;
   return static_cast<double>(x % 1000) / 1000.0;
 }
 

@@ -1,9 +1,8 @@
 #include "kv/recipe.h"
 
 #include <limits>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "arch/architecture.h"
 #include "util/error.h"

@@ -122,7 +122,10 @@ TEST(CacheMissTest, ToStringTruncatesIdByCharacters) {
   m.detail = "why";
   EXPECT_EQ(m.ToString(), "cache miss for session abcdefgh epoch 3 (released): why");
   // Eight code points, not eight bytes.
-  EXPECT_EQ(ShortSessionId("s\xc3\xa9" "ance-\xc3\xbcxyz"), "s\xc3\xa9" "ance-\xc3\xbc");
+  EXPECT_EQ(ShortSessionId("s\xc3\xa9"
+                           "ance-\xc3\xbcxyz"),
+            "s\xc3\xa9"
+            "ance-\xc3\xbc");
   CacheMissError err(m);
   EXPECT_EQ(err.kind(), ErrorKind::kCacheMiss);
   EXPECT_EQ(err.miss().reason, CacheMissReason::kReleased);

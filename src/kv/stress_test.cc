@@ -38,8 +38,8 @@ KvCacheRecipe StressRecipe() {
 
 // Exact in float32; distinct across sessions, epochs, positions and layers.
 float Value(int session, int64_t epoch, int64_t pos, int layer, int h, int d, bool key) {
-  const int64_t x = (int64_t{session} * 1000003 + epoch * 7919 + pos * 131 + layer * 17 + h * 5 +
-                     d) % 1000000;
+  const int64_t x =
+      (int64_t{session} * 1000003 + epoch * 7919 + pos * 131 + layer * 17 + h * 5 + d) % 1000000;
   return static_cast<float>(key ? x : -x - 1);
 }
 
@@ -264,15 +264,15 @@ TEST(KvStressTest, ConcurrentSessionsNeverCorrupt) {
   EXPECT_LE(s.blocks_used, s.blocks_capacity);
   EXPECT_EQ(s.bytes_reserved, manager.TotalBytes());
   EXPECT_LE(s.remembered_epochs, s.live_sessions + c.epoch_history);
-  std::printf("verified=%lld committed=%lld step_misses=%lld budget_refusals=%lld lru=%lld ttl=%lld "
-              "released=%lld\n",
-              static_cast<long long>(sh.verified.load()),
-              static_cast<long long>(sh.committed.load()),
-              static_cast<long long>(sh.step_misses.load()),
-              static_cast<long long>(sh.budget_refusals.load()),
-              static_cast<long long>(s.evictions[static_cast<int>(CacheMissReason::kEvictedLru)]),
-              static_cast<long long>(s.evictions[static_cast<int>(CacheMissReason::kEvictedTtl)]),
-              static_cast<long long>(s.evictions[static_cast<int>(CacheMissReason::kReleased)]));
+  std::printf(
+      "verified=%lld committed=%lld step_misses=%lld budget_refusals=%lld lru=%lld ttl=%lld "
+      "released=%lld\n",
+      static_cast<long long>(sh.verified.load()), static_cast<long long>(sh.committed.load()),
+      static_cast<long long>(sh.step_misses.load()),
+      static_cast<long long>(sh.budget_refusals.load()),
+      static_cast<long long>(s.evictions[static_cast<int>(CacheMissReason::kEvictedLru)]),
+      static_cast<long long>(s.evictions[static_cast<int>(CacheMissReason::kEvictedTtl)]),
+      static_cast<long long>(s.evictions[static_cast<int>(CacheMissReason::kReleased)]));
 }
 
 }  // namespace
