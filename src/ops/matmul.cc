@@ -15,6 +15,9 @@ namespace meshnet::ops {
 namespace {
 
 constexpr int64_t kRowGroup = 4;
+// Below this much weight traffic (bytes x tokens) waking workers costs more
+// than it saves (tiny models, tests): run on the calling thread.
+constexpr int64_t kMinParallelWork = 64 << 10;
 constexpr size_t kAlign = 64;
 
 uint8_t* AlignUp(void* p) {
@@ -51,6 +54,7 @@ size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols) {
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
             ThreadPool* pool) {
   if (n_tokens <= 0 || w.rows <= 0) return;
+  if (RowBytes(w.type, w.cols) * w.rows * n_tokens < kMinParallelWork) pool = nullptr;
   const int64_t groups = (w.rows + kRowGroup - 1) / kRowGroup;
   // Enough groups per chunk that a chunk streams a few hundred KB in decode.
   const int64_t min_chunk = n_tokens == 1 ? 8 : 1;

@@ -107,44 +107,71 @@ void CheckType(GgmlType type, const std::vector<Shape>& shapes) {
 
 TEST(MatMul, F32MatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(
-        GgmlType::kF32,
-        {{1, 1, 1}, {5, 7, 1}, {13, 33, 3}, {37, 100, 1}, {9, 64, 9}, {4, 256, 5}, {70, 48, 2}});
+    CheckType(GgmlType::kF32, {{1, 1, 1},
+                               {5, 7, 1},
+                               {13, 33, 3},
+                               {37, 100, 1},
+                               {9, 64, 9},
+                               {4, 256, 5},
+                               {70, 48, 2},
+                               {257, 515, 2}});
   });
 }
 TEST(MatMul, F16MatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(GgmlType::kF16, {{3, 7, 1}, {13, 33, 2}, {37, 100, 1}, {9, 64, 7}, {70, 48, 1}});
+    CheckType(GgmlType::kF16,
+              {{3, 7, 1}, {13, 33, 2}, {37, 100, 1}, {9, 64, 7}, {70, 48, 1}, {257, 515, 2}});
   });
 }
 TEST(MatMul, BF16MatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(GgmlType::kBF16, {{3, 7, 1}, {13, 33, 3}, {37, 100, 1}, {9, 64, 5}, {70, 48, 1}});
+    CheckType(GgmlType::kBF16,
+              {{3, 7, 1}, {13, 33, 3}, {37, 100, 1}, {9, 64, 5}, {70, 48, 1}, {257, 515, 1}});
   });
 }
 TEST(MatMul, Q8_0MatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(
-        GgmlType::kQ8_0,
-        {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {37, 160, 1}, {9, 32, 9}, {70, 256, 2}, {6, 512, 5}});
+    CheckType(GgmlType::kQ8_0, {{1, 32, 1},
+                                {5, 96, 1},
+                                {13, 64, 3},
+                                {37, 160, 1},
+                                {9, 32, 9},
+                                {70, 256, 2},
+                                {6, 512, 5},
+                                {257, 1024, 3}});
   });
 }
 TEST(MatMul, Q4_0MatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(GgmlType::kQ4_0,
-              {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {37, 160, 1}, {9, 32, 9}, {70, 256, 2}});
+    CheckType(GgmlType::kQ4_0, {{1, 32, 1},
+                                {5, 96, 1},
+                                {13, 64, 3},
+                                {37, 160, 1},
+                                {9, 32, 9},
+                                {70, 256, 2},
+                                {257, 1024, 1}});
   });
 }
 TEST(MatMul, Q4_KMatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(GgmlType::kQ4_K,
-              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {37, 768, 1}, {9, 256, 9}, {70, 256, 2}});
+    CheckType(GgmlType::kQ4_K, {{1, 256, 1},
+                                {5, 512, 1},
+                                {13, 256, 3},
+                                {37, 768, 1},
+                                {9, 256, 9},
+                                {70, 256, 2},
+                                {257, 1024, 2}});
   });
 }
 TEST(MatMul, Q6_KMatchesReference) {
   ForEachSimdTarget([] {
-    CheckType(GgmlType::kQ6_K,
-              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {37, 768, 1}, {9, 256, 9}, {70, 256, 2}});
+    CheckType(GgmlType::kQ6_K, {{1, 256, 1},
+                                {5, 512, 1},
+                                {13, 256, 3},
+                                {37, 768, 1},
+                                {9, 256, 9},
+                                {70, 256, 2},
+                                {257, 1024, 1}});
   });
 }
 
