@@ -96,6 +96,12 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
       Counter(static_cast<double>(c.steps_replayed.load()), {{"result", "replayed"}}));
   out.push_back(std::move(steps));
 
+  MetricFamily waits = Family("meshnet_step_budget_waits_total",
+                              "Step retries after KV room was pinned by other in-flight steps",
+                              MetricType::Counter);
+  waits.metric.push_back(Counter(static_cast<double>(c.budget_waits.load())));
+  out.push_back(std::move(waits));
+
   MetricFamily errors = Family("meshnet_step_errors_total", "Failed calls, by error kind",
                                MetricType::Counter);
   for (ErrorKind k : kKinds) {

@@ -21,6 +21,7 @@ namespace meshnet::rpc {
 namespace {
 
 constexpr auto kRetryWait = std::chrono::seconds(60);
+constexpr auto kPinnedWait = std::chrono::seconds(20);
 
 // A digest of everything in a step request that determines its result
 // (secret and ids aside): a retry must match it to be answered from cache.
@@ -129,6 +130,13 @@ void NodeCore::Info(pb::InfoResponse* out) {
                         counters_.steps_miss.load());
 }
 
+int64_t NodeCore::BudgetBytes() const { return manager().config().budget_bytes; }
+
+int64_t NodeCore::BytesForTokens(int64_t n_tokens) const {
+  const int64_t bt = manager().config().block_tokens;
+  return (n_tokens + bt - 1) / bt * bt * adapter_->recipe().BytesPerToken();
+}
+
 mesh::StepRequest NodeCore::DecodeAndValidate(const pb::StepRequest& request) const {
   mesh::StepRequest r = DecodeStepRequest(request);
   const shard::ShardRole& role = adapter_->role();
@@ -157,9 +165,8 @@ mesh::StepRequest NodeCore::DecodeAndValidate(const pb::StepRequest& request) co
                          expected_start);
     n_tokens = r.bundle->n_tokens;
   }
-  const int64_t bt = manager().config().block_tokens;
-  const int64_t need = (n_tokens + bt - 1) / bt * bt * adapter_->recipe().BytesPerToken();
-  if (need > manager().config().budget_bytes) {
+  const int64_t need = BytesForTokens(n_tokens);
+  if (need > BudgetBytes()) {
     ThrowInvalidArgument("a step of " + std::to_string(n_tokens) + " tokens needs " +
                          std::to_string(need) + " bytes of KV, over this node's whole budget of " +
                          std::to_string(manager().config().budget_bytes));
@@ -312,10 +319,33 @@ void NodeCore::Step(const pb::StepRequest& request, pb::StepResponse* response) 
       step_done_.notify_all();
     };
 
+    // A session that fits the budget on its own but finds the room pinned by
+    // other sessions' in-flight steps waits for steps to finish (bounded),
+    // instead of failing: that shortage is transient. Retrying is safe: a
+    // failed reservation changes nothing (a prefill only re-opens its context).
+    const bool fits_alone = r.prefill || r.expected_seq_len.has_value();
+    const int64_t total_tokens =
+        (r.prefill ? 0 : r.expected_seq_len.value_or(0)) +
+        (r.bundle ? r.bundle->n_tokens : static_cast<int64_t>(r.token_ids.size()));
+    const bool can_wait = fits_alone && BytesForTokens(total_tokens) <= BudgetBytes();
     const auto c0 = std::chrono::steady_clock::now();
+    const auto wait_until = c0 + kPinnedWait;
     mesh::StepResult result;
     try {
-      result = endpoint_.Step(std::move(r));
+      while (true) {
+        try {
+          result = endpoint_.Step(r);
+          break;
+        } catch (const Error& e) {
+          if (e.kind() != ErrorKind::kBudgetExceeded || !can_wait ||
+              std::chrono::steady_clock::now() >= wait_until) {
+            throw;
+          }
+          counters_.budget_waits.fetch_add(1, std::memory_order_relaxed);
+          std::unique_lock<std::mutex> lock(mu_);
+          step_done_.wait_for(lock, std::chrono::milliseconds(20));
+        }
+      }
       EncodeStepResult(result, epoch, out_dtype, want_logits, response);
     } catch (...) {
       finish(nullptr);

@@ -18,7 +18,10 @@
 //    the first is still running waits for it. Cached results are bounded in
 //    total bytes (replay_cache_bytes; LRU drop — a decode retry that misses the
 //    cache is then refused by expected_seq_len as a CacheMiss, never appended
-//    twice). step_id 0 opts out.
+//    twice). step_id 0 opts out;
+//  * a step whose session fits the budget alone but finds the room pinned by
+//    other in-flight steps (kBudgetExceeded from the manager) waits for steps
+//    to finish and retries, up to 20 s, instead of failing.
 //
 // Invariants (mu_): every binding is in bindings_ and on lru_ (front = most
 // recent); cached_bytes_ == sum of cached result sizes. No lock is held while
@@ -56,6 +59,7 @@ struct NodeCounters {
   std::atomic<int64_t> steps_tail{0};
   std::atomic<int64_t> steps_miss{0};
   std::atomic<int64_t> steps_replayed{0};
+  std::atomic<int64_t> budget_waits{0};  // retries after room was pinned by other steps
   std::atomic<int64_t> errors[16] = {};  // by ErrorKind
   std::atomic<int64_t> latency_buckets[kNumLatencyBuckets + 1] = {};
   std::atomic<int64_t> latency_count{0};
@@ -100,6 +104,9 @@ class NodeCore {
   void EvictBindingsOverCapacity();
   void TrimReplayCache(int64_t incoming);
   void NotePeak();
+  int64_t BudgetBytes() const;
+  // KV bytes `n_tokens` positions occupy in whole blocks.
+  int64_t BytesForTokens(int64_t n_tokens) const;
 
   shard::KvBoundaryAdapter* adapter_;
   mesh::InProcessEndpoint endpoint_;

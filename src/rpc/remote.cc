@@ -1,6 +1,7 @@
 #include "rpc/remote.h"
 
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -24,6 +25,18 @@ namespace meshnet::rpc {
 namespace {
 
 constexpr int kMaxMessageBytes = 1 << 30;
+
+// Client logs go to stderr (stdout carries generated text), warnings and up
+// unless the "meshnet.rpc" logger is configured otherwise.
+spdlog::logger& Log() {
+  static const std::shared_ptr<spdlog::logger> logger = [] {
+    if (auto existing = spdlog::get("meshnet.rpc")) return existing;
+    auto l = spdlog::stderr_color_mt("meshnet.rpc");
+    l->set_level(spdlog::level::warn);
+    return l;
+  }();
+  return *logger;
+}
 
 std::chrono::system_clock::time_point After(double seconds) {
   return std::chrono::system_clock::now() +
@@ -133,12 +146,71 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < o.step_retries &&
         impl_->channel->WaitForConnected(After(o.connect_timeout_s))) {
-      spdlog::debug("{}: step {} unavailable ({}); retrying", impl_->address, request.step_id,
-                    s.error_message());
+      Log().debug("event=step_retry node={} step={} reason=\"{}\"", impl_->address,
+                    request.step_id, s.error_message());
       continue;
     }
     ThrowForStatus(s, ctx, impl_->address, "Step");
   }
+}
+
+namespace {
+
+class StreamClientImpl final : public StepStreamClient {
+ public:
+  StreamClientImpl(pb::MeshNode::Stub* stub, const ClientOptions& o, const std::string& bearer,
+                   std::string address, int max_steps)
+      : options_(o), address_(std::move(address)) {
+    ctx_.set_deadline(After(o.timeout_s * std::max(1, max_steps)));
+    if (!bearer.empty()) ctx_.AddMetadata("authorization", bearer);
+    stream_ = stub->StepStream(&ctx_);
+  }
+  ~StreamClientImpl() override {
+    if (!closed_) ctx_.TryCancel();
+  }
+
+  mesh::StepResult Step(const mesh::StepRequest& request) override {
+    req_.Clear();
+    EncodeStepRequest(request, options_.wire_dtype, options_.wire_dtype, options_.want_logits,
+                      &req_);
+    if (closed_ || !stream_->Write(req_) || !stream_->Read(&resp_)) Finish("Step");
+    try {
+      return DecodeStepResponse(resp_, request.route_epoch);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kUnavailable, address_ + ": StepStream: malformed answer: " + e.what());
+    }
+  }
+
+  void Close() override {
+    if (closed_) return;
+    stream_->WritesDone();
+    closed_ = true;
+    const grpc::Status s = stream_->Finish();
+    if (!s.ok()) ThrowForStatus(s, ctx_, address_, "StepStream");
+  }
+
+ private:
+  [[noreturn]] void Finish(const char* what) {
+    closed_ = true;
+    const grpc::Status s = stream_->Finish();
+    if (s.ok()) throw Error(ErrorKind::kUnavailable, address_ + ": stream ended early");
+    ThrowForStatus(s, ctx_, address_, what);
+  }
+
+  ClientOptions options_;
+  std::string address_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::StepRequest, pb::StepResponse>> stream_;
+  pb::StepRequest req_;
+  pb::StepResponse resp_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<StepStreamClient> RemoteEndpoint::OpenStepStream(int max_steps) {
+  return std::make_unique<StreamClientImpl>(impl_->stub.get(), impl_->options, impl_->bearer,
+                                            impl_->address, max_steps);
 }
 
 bool RemoteEndpoint::ReleaseOrThrow(const std::string& session_id,
@@ -160,7 +232,7 @@ void RemoteEndpoint::Release(const std::string& session_id, const std::string& s
   try {
     ReleaseOrThrow(session_id, session_secret, route_epoch);
   } catch (const Error& e) {
-    spdlog::debug("{}", e.what());  // best effort
+    Log().debug("event=release_failed message=\"{}\"", e.what());  // best effort
   }
 }
 
@@ -229,7 +301,7 @@ void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
     st.dead = true;
     st.dead_since = std::chrono::steady_clock::now();
     st.dead_instance = st.last_instance;
-    spdlog::warn("node {} marked dead", endpoint.name());
+    Log().info("event=node_dead node={}", endpoint.name());
   }
 }
 
@@ -268,7 +340,7 @@ mesh::Route RemoteRouteProvider::Plan() {
         const double dead_for = std::chrono::duration<double>(now - st.dead_since).count();
         if (infos[i]->instance_id != st.dead_instance || dead_for >= m.options.dead_cooldown_s) {
           st.dead = false;  // restarted, or cooled down
-          spdlog::info("node {} is back", m.endpoints[i]->name());
+          Log().info("event=node_back node={}", m.endpoints[i]->name());
         } else {
           notes.push_back(m.endpoints[i]->name() + " marked dead");
           continue;

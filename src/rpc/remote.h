@@ -47,6 +47,20 @@ struct NodeInfo {
   int vocab_size = 0;
 };
 
+// The steps of one session on one node over one bidirectional stream
+// (StepStream): the measured alternative to unary Step (bench/rpc_bench.cc).
+// The generator uses unary calls; this exists for the measurement and for
+// clients that pin a session to a node. Not thread-safe: one caller.
+class StepStreamClient {
+ public:
+  virtual ~StepStreamClient() = default;
+  // One request, one answer, in order. Errors as RemoteEndpoint::Step; after
+  // an error the stream is finished.
+  virtual mesh::StepResult Step(const mesh::StepRequest& request) = 0;
+  // Half-closes and waits for the node's status.
+  virtual void Close() = 0;
+};
+
 class RemoteEndpoint final : public mesh::ShardEndpoint {
  public:
   // Validates options; reads TLS files (kInvalidArgument if unreadable). The
@@ -63,6 +77,9 @@ class RemoteEndpoint final : public mesh::ShardEndpoint {
   // Keeps the first `length` positions. A miss throws kv::CacheMissError.
   int64_t Truncate(const std::string& session_id, const std::string& session_secret,
                    int64_t route_epoch, int64_t length);
+  // A stream for many steps; its deadline is `timeout_s` per step times
+  // `max_steps`.
+  std::unique_ptr<StepStreamClient> OpenStepStream(int max_steps);
   // Release that reports failures (for tests and tools): true if state was held.
   bool ReleaseOrThrow(const std::string& session_id, const std::string& session_secret,
                       int64_t route_epoch);

@@ -99,10 +99,11 @@ class MeshNodeService final : public pb::MeshNode::Service {
       body();
       return grpc::Status::OK;
     } catch (const Error& e) {
-      spdlog::debug("call from {} failed: {}: {}", ctx->peer(), ErrorKindName(e.kind()), e.what());
+      spdlog::debug("event=call_failed peer={} kind={} message=\"{}\"", ctx->peer(),
+                    ErrorKindName(e.kind()), e.what());
       return ToStatus(e, ctx);
     } catch (const std::exception& e) {
-      spdlog::error("call from {} failed unexpectedly: {}", ctx->peer(), e.what());
+      spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx->peer(), e.what());
       return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
     }
   }
@@ -203,7 +204,7 @@ void NodeServer::Start() {
     m.metrics_bound = HostOf(m.options.metrics_listen) + ":" +
                       std::to_string(ports.empty() ? 0 : ports.front());
   }
-  spdlog::info("node {} serving layers {}-{} on {} (tls={}, mtls={}, token={}, metrics={})",
+  spdlog::info("event=serving node={} layers={}-{} listen={} tls={} mtls={} token={} metrics={}",
                m.core.instance_id().substr(0, 8), m.core.adapter().role().start_layer,
                m.core.adapter().role().end_layer, m.bound, !m.options.tls_cert.empty(),
                !m.options.tls_ca.empty(), !m.options.auth_token.empty(),
@@ -227,7 +228,7 @@ void NodeServer::Shutdown(double grace_seconds) {
         std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, grace_seconds) * 1000));
     m.server->Shutdown(deadline);  // waits for in-flight calls until the deadline
     m.server->Wait();
-    spdlog::info("node on {} stopped", m.bound);
+    spdlog::info("event=drained listen={}", m.bound);
   }
   m.exposer.reset();
 }

@@ -1,0 +1,186 @@
+// meshnet serve: one node of the mesh. Loads the owned layers of a GGUF model,
+// keeps hot KV state for sessions within a byte budget, and serves the
+// MeshNode gRPC service (proto/meshnet.proto), health checks and /metrics.
+//
+// The first line on stdout is "listening on HOST:PORT" (the bound port when
+// --listen asks for port 0); with --metrics-listen the second is
+// "metrics on HOST:PORT". Logs go to stderr. SIGINT/SIGTERM stop accepting
+// calls and let in-flight steps finish (up to --grace seconds).
+#include <signal.h>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "cli/command.h"
+#include "gguf/gguf_reader.h"
+#include "kv/hot_kv_state.h"
+#include "mesh/in_process.h"
+#include "model/hparams.h"
+#include "rpc/server.h"
+#include "shard/kv_boundary_adapter.h"
+#include "shard/llama_shard.h"
+#include "util/error.h"
+#include "util/sizes.h"
+#include "util/thread_pool.h"
+
+namespace meshnet::cli {
+namespace {
+
+struct ServeFlags {
+  std::string model;
+  std::string layers;
+  std::string listen = "127.0.0.1:0";
+  std::string kv_budget = "64MiB";
+  int64_t max_sessions = 8;
+  double ttl_s = 600.0;
+  std::string kv_dtype = "float32";
+  int threads = 0;
+  int block_tokens = 16;
+  std::string metrics_listen;
+  std::string auth_token;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  double grace_s = 10.0;
+  int rpc_threads = 64;
+  std::string log_level = "info";
+};
+
+std::string DefaultModelPath() {
+  const std::filesystem::path local = "models/stories260K.gguf";
+  if (std::filesystem::exists(local)) return local.string();
+  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
+}
+
+KvDtype ParseDtypeFlag(const std::string& s) {
+  if (s == "f32" || s == "fp32") return KvDtype::kF32;
+  if (s == "f16" || s == "fp16") return KvDtype::kF16;
+  if (s == "bf16") return KvDtype::kBF16;
+  try {
+    return ParseKvDtype(s);
+  } catch (const Error&) {
+    ThrowInvalidArgument("--kv-dtype must be float32, float16 or bfloat16 (or f32, f16, bf16); got '" +
+                         s + "'");
+  }
+}
+
+int RunServe(const ServeFlags& f) {
+  // Logs: stderr, one line per event, key=value fields.
+  auto logger = spdlog::stderr_color_mt("meshnet");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l %v");
+  const auto level = spdlog::level::from_str(f.log_level);
+  if (level == spdlog::level::off && f.log_level != "off") {
+    ThrowInvalidArgument("--log-level must be trace, debug, info, warn, error or off");
+  }
+  spdlog::set_level(level);
+
+  if (f.layers.empty()) ThrowInvalidArgument("--layers A-B is required");
+  const mesh::LayerRange range = mesh::ParseLayerRange(f.layers);
+  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0 (0 = all cores)");
+  if (!(f.grace_s >= 0)) ThrowInvalidArgument("--grace must be >= 0 seconds");
+  kv::HotKvStateConfig kv_config;
+  kv_config.budget_bytes = ParseByteSize(f.kv_budget);
+  kv_config.max_sessions = f.max_sessions;
+  kv_config.ttl_seconds = f.ttl_s;
+  kv_config.block_tokens = f.block_tokens;
+  kv_config.Validate();
+  const KvDtype kv_dtype = ParseDtypeFlag(f.kv_dtype);
+
+  rpc::NodeServerOptions options;
+  options.listen = f.listen;
+  options.metrics_listen = f.metrics_listen;
+  options.auth_token = f.auth_token;
+  if (options.auth_token.empty()) {
+    if (const char* env = std::getenv("MESHNET_AUTH_TOKEN")) options.auth_token = env;
+  }
+  options.tls_cert = f.tls_cert;
+  options.tls_key = f.tls_key;
+  options.tls_ca = f.tls_ca;
+  options.max_rpc_threads = f.rpc_threads;
+  options.Validate();
+
+  // SIGINT/SIGTERM are taken by sigwait below; block them before any thread
+  // (pool, gRPC) starts so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
+  const model::LlamaHParams hp = model::LlamaHParams::FromGguf(*file);
+  hp.ValidateLayerRange(range.first, range.second);
+  ThreadPool pool(f.threads);
+  shard::LlamaShard shard(file, range.first, range.second, &pool);
+  kv::HotKvStateManager manager(shard.MakeRecipe(kv_dtype), kv_config);
+  shard::KvBoundaryAdapter adapter(&shard, &manager);
+  rpc::NodeServer server(&adapter, mesh::ModelIdentity(*file), options);
+  server.Start();
+  std::printf("listening on %s\n", server.bound_address().c_str());
+  if (!server.metrics_address().empty()) {
+    std::printf("metrics on %s\n", server.metrics_address().c_str());
+  }
+  std::fflush(stdout);
+  spdlog::info("event=ready model={} layers={}-{} of={} kv_budget={} kv_dtype={} block_tokens={} "
+               "max_sessions={} threads={}",
+               model_path, range.first, range.second, hp.n_layers,
+               FormatByteSize(kv_config.budget_bytes), KvDtypeName(kv_dtype),
+               kv_config.block_tokens, kv_config.max_sessions, pool.num_threads());
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("event=stopping signal={} grace_s={}", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               f.grace_s);
+  server.Shutdown(f.grace_s);
+  spdlog::info("event=stopped");
+  return 0;
+}
+
+const CommandRegistrar kRegistrar({
+    "serve",
+    "Serve a layer range of a model as a mesh node over gRPC",
+    [](CLI::App* sub, int* exit_code) {
+      auto f = std::make_shared<ServeFlags>();
+      sub->add_option("--model,-m", f->model, "GGUF model file (default: models/stories260K.gguf)");
+      sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")
+          ->required();
+      sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
+          ->capture_default_str();
+      sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
+          ->capture_default_str();
+      sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
+          ->capture_default_str();
+      sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
+          ->capture_default_str();
+      sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+          ->capture_default_str();
+      sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+          ->capture_default_str();
+      sub->add_option("--block-tokens", f->block_tokens, "Positions per KV block")
+          ->capture_default_str();
+      sub->add_option("--metrics-listen", f->metrics_listen,
+                      "host:port for Prometheus /metrics (port 0: pick a free one)");
+      sub->add_option("--auth-token", f->auth_token,
+                      "Cluster token every call must carry (default: $MESHNET_AUTH_TOKEN)");
+      sub->add_option("--tls-cert", f->tls_cert, "Server certificate chain (PEM); enables TLS");
+      sub->add_option("--tls-key", f->tls_key, "Server private key (PEM)");
+      sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
+      sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
+          ->capture_default_str();
+      sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
+          ->capture_default_str();
+      sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
+          ->capture_default_str();
+      sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
+    }});
+
+}  // namespace
+}  // namespace meshnet::cli
