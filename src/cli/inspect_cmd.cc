@@ -38,8 +38,9 @@ void SetupInspect(CLI::App* sub, int* exit_code) {
   });
 }
 
-const CommandRegistrar kInspectCommand(
-    {"inspect", "Print a GGUF file's version, metadata and tensor table", SetupInspect});
+const CommandRegistrar kInspectCommand({"inspect",
+                                        "Print a GGUF file's version, metadata and tensor table",
+                                        SetupInspect});
 
 }  // namespace
 }  // namespace meshnet::cli

@@ -49,8 +49,7 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
   sub->add_option("--context", o.context, "Context length")->capture_default_str();
   sub->add_option("--rope-base", o.rope_base, "RoPE frequency base")->capture_default_str();
   sub->add_option("--rms-eps", o.rms_eps, "RMSNorm epsilon")->capture_default_str();
-  sub->add_option("--arch", o.architecture, "Architecture (certified name)")
-      ->capture_default_str();
+  sub->add_option("--arch", o.architecture, "Architecture (certified name)")->capture_default_str();
   sub->add_option("--name", o.name, "general.name")->capture_default_str();
   sub->footer(
       "Weights are N(0, 1/fan_in) (residual projections scaled by 1/sqrt(2*n_layers)), norms "
@@ -58,19 +57,21 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
   sub->callback([flags, exit_code] {
     gguf::MakeModelOptions o = flags->o;
     o.type = ParseTypeFlag("--type", flags->type);
-    if (!flags->embd_type.empty()) o.embedding_type = ParseTypeFlag("--embd-type", flags->embd_type);
+    if (!flags->embd_type.empty())
+      o.embedding_type = ParseTypeFlag("--embd-type", flags->embd_type);
     o.n_kv_heads = flags->n_kv_heads > 0 ? flags->n_kv_heads : o.n_heads;
     if (flags->n_kv_heads < 0) {
       throw Error(ErrorKind::kInvalidArgument, "--n-kv-heads must be positive");
     }
     const gguf::MakeModelSummary s = gguf::MakeModel(o, flags->tokenizer_from, flags->out);
-    std::printf("wrote %s: %s, %lld layers, n_embd %lld, %lld tensors, %.2f M parameters, "
-                "vocab %lld, %s\n",
-                flags->out.c_str(), std::string(GgmlTypeInfoOf(o.type).name).c_str(),
-                static_cast<long long>(o.n_layers), static_cast<long long>(o.n_embd),
-                static_cast<long long>(s.n_tensors), static_cast<double>(s.n_params) / 1e6,
-                static_cast<long long>(s.vocab_size),
-                FormatByteSize(static_cast<int64_t>(s.file_bytes)).c_str());
+    std::printf(
+        "wrote %s: %s, %lld layers, n_embd %lld, %lld tensors, %.2f M parameters, "
+        "vocab %lld, %s\n",
+        flags->out.c_str(), std::string(GgmlTypeInfoOf(o.type).name).c_str(),
+        static_cast<long long>(o.n_layers), static_cast<long long>(o.n_embd),
+        static_cast<long long>(s.n_tensors), static_cast<double>(s.n_params) / 1e6,
+        static_cast<long long>(s.vocab_size),
+        FormatByteSize(static_cast<int64_t>(s.file_bytes)).c_str());
     *exit_code = 0;
   });
 }

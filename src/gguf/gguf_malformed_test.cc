@@ -3,6 +3,7 @@
 // Error(kMalformedFile) with a message naming the culprit; none may crash
 // (run under ASan/UBSan in CI).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -10,7 +11,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "gguf/gguf_reader.h"
@@ -107,11 +107,9 @@ TEST(GgufMalformed, TargetedCorruptions) {
       {"kv count + 1", [](RawFile* r) { r->n_kv = r->kvs.size() + 1; }, "bad.gguf"},
       {"tensor count + 1", [](RawFile* r) { r->n_tensors = 3; }, "tensor"},
       {"huge key length",
-       [](RawFile* r) { r->kvs[0] = Le<uint64_t>(kHuge) + "general.architecture"; },
-       "key length"},
+       [](RawFile* r) { r->kvs[0] = Le<uint64_t>(kHuge) + "general.architecture"; }, "key length"},
       {"key past end", [](RawFile* r) { r->kvs[0] = Le<uint64_t>(60000) + "x"; }, "truncated: key"},
-      {"empty key", [](RawFile* r) { r->kvs.push_back(Kv("", 4, Le<uint32_t>(1))); },
-       "empty key"},
+      {"empty key", [](RawFile* r) { r->kvs.push_back(Kv("", 4, Le<uint32_t>(1))); }, "empty key"},
       {"value type 13", [](RawFile* r) { r->kvs.push_back(Kv("k.t", 13, Le<uint32_t>(1))); },
        "'k.t': unknown value type id 13"},
       {"array elem type 99",
@@ -123,8 +121,8 @@ TEST(GgufMalformed, TargetedCorruptions) {
       {"huge string array",
        [](RawFile* r) { r->kvs.push_back(Str("k.s") + ArrHeader(8, kHuge) + Str("x")); },
        "'k.s': array length"},
-      {"huge nested array",
-       [](RawFile* r) { r->kvs.push_back(Str("k.n") + ArrHeader(9, kHuge)); }, "array length"},
+      {"huge nested array", [](RawFile* r) { r->kvs.push_back(Str("k.n") + ArrHeader(9, kHuge)); },
+       "array length"},
       {"string array elem past end",
        [](RawFile* r) { r->kvs.push_back(Str("k.s") + ArrHeader(8, 1) + Le<uint64_t>(kHuge)); },
        "'k.s'"},
@@ -150,8 +148,7 @@ TEST(GgufMalformed, TargetedCorruptions) {
        "'general.architecture': duplicate key"},
       {"alignment 0", [](RawFile* r) { r->kvs.push_back(Kv("general.alignment", 4, Le(0u))); },
        "alignment 0"},
-      {"alignment 48",
-       [](RawFile* r) { r->kvs.push_back(Kv("general.alignment", 4, Le(48u))); },
+      {"alignment 48", [](RawFile* r) { r->kvs.push_back(Kv("general.alignment", 4, Le(48u))); },
        "power of two"},
       {"alignment 2^40",
        [](RawFile* r) {
@@ -165,19 +162,35 @@ TEST(GgufMalformed, TargetedCorruptions) {
        [](RawFile* r) { r->kvs.push_back(Kv("general.alignment", 8, Str("32"))); },
        "'general.alignment': must be an unsigned integer"},
       {"n_dims 0", [](RawFile* r) { r->tensors[1].dims = {}; }, "tensor 'b': n_dims 0"},
-      {"n_dims 5", [](RawFile* r) { r->tensors[0].dims = {8, 2, 1, 1, 1}; }, "n_dims 5"},
-      {"dim 0", [](RawFile* r) { r->tensors[0].dims = {8, 0}; }, "tensor 'a': dimension ne1"},
-      {"dim > int64", [](RawFile* r) { r->tensors[0].dims = {8, ~uint64_t{0}}; },
+      {"n_dims 5",
+       [](RawFile* r) {
+         r->tensors[0].dims = {8, 2, 1, 1, 1};
+       },
+       "n_dims 5"},
+      {"dim 0",
+       [](RawFile* r) {
+         r->tensors[0].dims = {8, 0};
+       },
+       "tensor 'a': dimension ne1"},
+      {"dim > int64",
+       [](RawFile* r) {
+         r->tensors[0].dims = {8, ~uint64_t{0}};
+       },
        "out of range"},
       {"element overflow",
-       [](RawFile* r) { r->tensors[0].dims = {uint64_t{1} << 40, uint64_t{1} << 40}; },
+       [](RawFile* r) {
+         r->tensors[0].dims = {uint64_t{1} << 40, uint64_t{1} << 40};
+       },
        "overflows"},
-      {"byte overflow",
-       [](RawFile* r) { r->tensors[0].dims = {uint64_t{1} << 62}; }, "byte size overflows"},
+      {"byte overflow", [](RawFile* r) { r->tensors[0].dims = {uint64_t{1} << 62}; },
+       "byte size overflows"},
       {"type Q4_1 (3)", [](RawFile* r) { r->tensors[1].type = 3; },
        "tensor 'b': unknown or unsupported tensor type id 3"},
       {"type 999", [](RawFile* r) { r->tensors[0].type = 999; }, "type id 999"},
-      {"Q8_0 ne0 16", [](RawFile* r) { r->tensors[1].dims = {16, 2}; },
+      {"Q8_0 ne0 16",
+       [](RawFile* r) {
+         r->tensors[1].dims = {16, 2};
+       },
        "not a multiple of the Q8_0 block size 32"},
       {"misaligned offset", [](RawFile* r) { r->tensors[1].offset = 68; },
        "tensor 'b': data offset 68 is not a multiple of the alignment 32"},
@@ -277,8 +290,8 @@ TEST(GgufMalformed, TruncatedAndEmptyFilesOnDisk) {
 TEST(GgufMalformed, RandomMutations) {
   const auto base = SmallValidFile();
   std::mt19937_64 rng(12345);
-  const uint64_t interesting[] = {0, 1, 4, 31, 32, 0x7fffffff, 0xffffffff, uint64_t{1} << 32,
-                                  uint64_t{1} << 63, ~uint64_t{0}};
+  const uint64_t interesting[] = {
+      0, 1, 4, 31, 32, 0x7fffffff, 0xffffffff, uint64_t{1} << 32, uint64_t{1} << 63, ~uint64_t{0}};
   int parsed = 0;
   for (int iter = 0; iter < 3000; ++iter) {
     auto bytes = base;

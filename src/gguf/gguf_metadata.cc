@@ -21,19 +21,32 @@ using internal::ScalarSize;
 
 std::string_view ValueTypeName(ValueType t) {
   switch (t) {
-    case ValueType::kU8: return "u8";
-    case ValueType::kI8: return "i8";
-    case ValueType::kU16: return "u16";
-    case ValueType::kI16: return "i16";
-    case ValueType::kU32: return "u32";
-    case ValueType::kI32: return "i32";
-    case ValueType::kF32: return "f32";
-    case ValueType::kBool: return "bool";
-    case ValueType::kString: return "string";
-    case ValueType::kArray: return "array";
-    case ValueType::kU64: return "u64";
-    case ValueType::kI64: return "i64";
-    case ValueType::kF64: return "f64";
+    case ValueType::kU8:
+      return "u8";
+    case ValueType::kI8:
+      return "i8";
+    case ValueType::kU16:
+      return "u16";
+    case ValueType::kI16:
+      return "i16";
+    case ValueType::kU32:
+      return "u32";
+    case ValueType::kI32:
+      return "i32";
+    case ValueType::kF32:
+      return "f32";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kString:
+      return "string";
+    case ValueType::kArray:
+      return "array";
+    case ValueType::kU64:
+      return "u64";
+    case ValueType::kI64:
+      return "i64";
+    case ValueType::kF64:
+      return "f64";
   }
   return "unknown";
 }
@@ -47,8 +60,10 @@ bool IsIntegerType(ValueType t) {
     case ValueType::kU32:
     case ValueType::kI32:
     case ValueType::kU64:
-    case ValueType::kI64: return true;
-    default: return false;
+    case ValueType::kI64:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -60,10 +75,14 @@ bool IsSignedType(ValueType t) {
 // Sign-extends raw zero-extended bits of a signed type.
 int64_t SignedValue(ValueType t, uint64_t bits) {
   switch (t) {
-    case ValueType::kI8: return static_cast<int8_t>(bits);
-    case ValueType::kI16: return static_cast<int16_t>(bits);
-    case ValueType::kI32: return static_cast<int32_t>(bits);
-    default: return static_cast<int64_t>(bits);
+    case ValueType::kI8:
+      return static_cast<int8_t>(bits);
+    case ValueType::kI16:
+      return static_cast<int16_t>(bits);
+    case ValueType::kI32:
+      return static_cast<int32_t>(bits);
+    default:
+      return static_cast<int64_t>(bits);
   }
 }
 }  // namespace
@@ -129,8 +148,10 @@ MetadataValue MetadataValue::ArrayElement(uint64_t i) const {
 
 std::string MetadataValue::ToString(size_t max_elems) const {
   switch (type_) {
-    case ValueType::kString: return "\"" + Escaped(str_) + "\"";
-    case ValueType::kBool: return bits_ ? "true" : "false";
+    case ValueType::kString:
+      return "\"" + Escaped(str_) + "\"";
+    case ValueType::kBool:
+      return bits_ ? "true" : "false";
     case ValueType::kF32:
     case ValueType::kF64: {
       // Shortest %g rendering that reads back as the same value.
@@ -218,8 +239,8 @@ std::optional<T> GetInt(const GgufFile& f, std::string_view key) {
   const MetadataValue* v = f.Find(key);
   if (!v) return std::nullopt;
   if (!IsIntegerType(v->type())) {
-    BadValue(f, key, std::string("expected an integer, found ") +
-                         std::string(ValueTypeName(v->type())));
+    BadValue(f, key,
+             std::string("expected an integer, found ") + std::string(ValueTypeName(v->type())));
   }
   const auto x = FitInt<T>(*v);
   if (!x) BadValue(f, key, "value " + v->ToString() + " does not fit " + IntName<T>());
@@ -246,8 +267,9 @@ std::optional<std::vector<T>> GetIntArray(const GgufFile& f, std::string_view ke
   const MetadataValue* v = FindArray(f, key);
   if (!v) return std::nullopt;
   if (!IsIntegerType(v->array_type())) {
-    BadValue(f, key, std::string("expected an integer array, found an array of ") +
-                         std::string(ValueTypeName(v->array_type())));
+    BadValue(f, key,
+             std::string("expected an integer array, found an array of ") +
+                 std::string(ValueTypeName(v->array_type())));
   }
   std::vector<T> out;
   out.reserve(v->array_size());
@@ -255,8 +277,9 @@ std::optional<std::vector<T>> GetIntArray(const GgufFile& f, std::string_view ke
     const MetadataValue e = v->ArrayElement(i);
     const auto x = FitInt<T>(e);
     if (!x) {
-      BadValue(f, key, "element " + std::to_string(i) + " = " + e.ToString() + " does not fit " +
-                           IntName<T>());
+      BadValue(
+          f, key,
+          "element " + std::to_string(i) + " = " + e.ToString() + " does not fit " + IntName<T>());
     }
     out.push_back(*x);
   }
@@ -323,12 +346,8 @@ uint64_t GgufFile::RequireU64(std::string_view key) const {
 int64_t GgufFile::RequireI64(std::string_view key) const {
   return Require(*this, key, GetI64(key));
 }
-float GgufFile::RequireF32(std::string_view key) const {
-  return Require(*this, key, GetF32(key));
-}
-bool GgufFile::RequireBool(std::string_view key) const {
-  return Require(*this, key, GetBool(key));
-}
+float GgufFile::RequireF32(std::string_view key) const { return Require(*this, key, GetF32(key)); }
+bool GgufFile::RequireBool(std::string_view key) const { return Require(*this, key, GetBool(key)); }
 std::string_view GgufFile::RequireString(std::string_view key) const {
   return Require(*this, key, GetString(key));
 }
@@ -338,8 +357,9 @@ std::optional<std::span<const std::string_view>> GgufFile::GetStringArray(
   const MetadataValue* v = FindArray(*this, key);
   if (!v) return std::nullopt;
   if (v->array_type() != ValueType::kString) {
-    BadValue(*this, key, std::string("expected an array of strings, found an array of ") +
-                             std::string(ValueTypeName(v->array_type())));
+    BadValue(*this, key,
+             std::string("expected an array of strings, found an array of ") +
+                 std::string(ValueTypeName(v->array_type())));
   }
   return v->string_array();
 }
@@ -352,8 +372,9 @@ std::optional<std::vector<float>> GgufFile::GetF32Array(std::string_view key) co
   const MetadataValue* v = FindArray(*this, key);
   if (!v) return std::nullopt;
   if (v->array_type() != ValueType::kF32 && v->array_type() != ValueType::kF64) {
-    BadValue(*this, key, std::string("expected an array of f32, found an array of ") +
-                             std::string(ValueTypeName(v->array_type())));
+    BadValue(*this, key,
+             std::string("expected an array of f32, found an array of ") +
+                 std::string(ValueTypeName(v->array_type())));
   }
   std::vector<float> out(v->array_size());
   for (uint64_t i = 0; i < v->array_size(); ++i) {

@@ -88,7 +88,8 @@ class GgufParser {
     if (version == 1) Fail("GGUF version 1 is not supported (only versions 2 and 3)");
     if (version != 2 && version != 3) {
       std::string msg = "unsupported GGUF version " + std::to_string(version);
-      if (__builtin_bswap32(version) == 2 || __builtin_bswap32(version) == 3) msg += " (big-endian file?)";
+      if (__builtin_bswap32(version) == 2 || __builtin_bswap32(version) == 3)
+        msg += " (big-endian file?)";
       Fail(msg + "; only versions 2 and 3 are supported");
     }
     f_->version_ = version;
@@ -117,9 +118,8 @@ class GgufParser {
   uint64_t Left() const { return size_ - pos_; }
   void Need(uint64_t n, const char* what) const {
     if (n > Left()) {
-      Fail(std::string("truncated: ") + what + " needs " + std::to_string(n) +
-           " bytes at offset " + std::to_string(pos_) + " but only " + std::to_string(Left()) +
-           " remain");
+      Fail(std::string("truncated: ") + what + " needs " + std::to_string(n) + " bytes at offset " +
+           std::to_string(pos_) + " but only " + std::to_string(Left()) + " remain");
     }
   }
   template <typename T>
@@ -191,9 +191,8 @@ class GgufParser {
                               : elem == ValueType::kArray ? 12
                                                           : ScalarSize(elem);
     if (count > Left() / min_elem) {
-      Fail("array length " + std::to_string(count) + " of " +
-           std::string(ValueTypeName(elem)) + " cannot fit in the " + std::to_string(Left()) +
-           " bytes left in the file");
+      Fail("array length " + std::to_string(count) + " of " + std::string(ValueTypeName(elem)) +
+           " cannot fit in the " + std::to_string(Left()) + " bytes left in the file");
     }
     if (elem == ValueType::kString) {
       v.strings_.reserve(count);

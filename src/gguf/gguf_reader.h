@@ -79,10 +79,10 @@ class MetadataValue {
 
   // Scalar conversions; nullopt when the stored type is not convertible or
   // the value does not fit.
-  std::optional<int64_t> AsInt64() const;    // any integer type
-  std::optional<uint64_t> AsUint64() const;  // any integer type, value >= 0
-  std::optional<double> AsDouble() const;    // F32, F64 or any integer type
-  std::optional<bool> AsBool() const;        // kBool only
+  std::optional<int64_t> AsInt64() const;            // any integer type
+  std::optional<uint64_t> AsUint64() const;          // any integer type, value >= 0
+  std::optional<double> AsDouble() const;            // F32, F64 or any integer type
+  std::optional<bool> AsBool() const;                // kBool only
   std::optional<std::string_view> AsString() const;  // kString only
 
   // Arrays (only meaningful when is_array()).
@@ -101,8 +101,8 @@ class MetadataValue {
  private:
   friend class GgufParser;
   ValueType type_ = ValueType::kU8;
-  uint64_t bits_ = 0;          // scalars: raw little-endian bits, zero-extended
-  std::string_view str_;       // kString
+  uint64_t bits_ = 0;     // scalars: raw little-endian bits, zero-extended
+  std::string_view str_;  // kString
   ValueType array_type_ = ValueType::kU8;
   uint64_t array_size_ = 0;
   const uint8_t* array_data_ = nullptr;    // numeric/bool arrays: packed elements
@@ -122,7 +122,7 @@ struct TensorInfo {
   std::array<int64_t, kMaxDims> ne = {1, 1, 1, 1};  // GGUF order: ne[0] = row length
   int64_t n_elements = 0;
   uint64_t n_bytes = 0;
-  uint64_t offset = 0;          // absolute byte offset in the file
+  uint64_t offset = 0;  // absolute byte offset in the file
   // Into the mapping; n_bytes long. Open() maps page-aligned and FromBytes()
   // copies 64-byte aligned, so data is aligned to min(alignment, page or 64)
   // (>= 32 unless general.alignment says less).

@@ -1,5 +1,7 @@
 // Reader tests against the shipped stories260K.gguf (values from
 // models/README.md) and the typed-getter conversion rules.
+#include "gguf/gguf_reader.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +9,6 @@
 #include <string>
 
 #include "arch/architecture.h"
-#include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
 #include "util/error.h"
 
@@ -61,7 +62,7 @@ TEST(GgufStories, Tokenizer) {
   EXPECT_EQ(tokens[0], "<unk>");
   EXPECT_EQ(tokens[1], "<s>");
   EXPECT_EQ(tokens[2], "</s>");
-  EXPECT_EQ(tokens[432], ",");        // README: ',' is id 432
+  EXPECT_EQ(tokens[432], ",");                  // README: ',' is id 432
   EXPECT_EQ(tokens[383], "\xe2\x96\x81there");  // README: ' there' is id 383 (SentencePiece '▁')
   EXPECT_EQ(f.RequireF32Array(gguf_keys::kScores).size(), 512u);
   const auto types = f.RequireI32Array(gguf_keys::kTokenType);

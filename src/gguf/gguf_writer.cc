@@ -145,15 +145,14 @@ WriterValue WriterValue::From(const MetadataValue& v) {
 
 GgufWriter::GgufWriter(uint32_t alignment) : alignment_(alignment) {
   if (alignment == 0 || !std::has_single_bit(alignment)) {
-    ThrowInvalidArgument("GGUF alignment " + std::to_string(alignment) +
-                         " is not a power of two");
+    ThrowInvalidArgument("GGUF alignment " + std::to_string(alignment) + " is not a power of two");
   }
 }
 
 void GgufWriter::Set(std::string_view key, WriterValue value) {
   if (key.empty()) ThrowInvalidArgument("empty GGUF metadata key");
-  if (key == "general.alignment" &&
-      (value.type() != ValueType::kU32 || value.payload() != WriterValue::U32(alignment_).payload())) {
+  if (key == "general.alignment" && (value.type() != ValueType::kU32 ||
+                                     value.payload() != WriterValue::U32(alignment_).payload())) {
     ThrowInvalidArgument("general.alignment must be the u32 " + std::to_string(alignment_) +
                          " given to the GgufWriter constructor");
   }
@@ -202,8 +201,8 @@ void GgufWriter::AddTensor(std::string_view name, GgmlType type, std::span<const
   } catch (const Error& e) {
     ThrowInvalidArgument("tensor '" + std::string(name) + "': " + e.what());
   }
-  tensors_.push_back({std::string(name), type, {dims.begin(), dims.end()}, n_bytes,
-                      std::move(gen)});
+  tensors_.push_back(
+      {std::string(name), type, {dims.begin(), dims.end()}, n_bytes, std::move(gen)});
 }
 
 void GgufWriter::AddTensor(std::string_view name, GgmlType type, std::span<const int64_t> dims,
@@ -230,10 +229,10 @@ void GgufWriter::AddTensor(std::string_view name, GgmlType type, std::span<const
 }
 
 void GgufWriter::Emit(const std::function<void(const void*, size_t)>& sink) const {
-  const bool add_alignment =
-      alignment_ != kDefaultAlignment &&
-      std::none_of(metadata_.begin(), metadata_.end(),
-                   [](const auto& kv) { return kv.first == "general.alignment"; });
+  const bool add_alignment = alignment_ != kDefaultAlignment &&
+                             std::none_of(metadata_.begin(), metadata_.end(), [](const auto& kv) {
+                               return kv.first == "general.alignment";
+                             });
   std::string head;
   Put<uint32_t>(&head, kGgufMagic);
   Put<uint32_t>(&head, 3);

@@ -1,17 +1,18 @@
 // Writer round trips: every metadata value type (nested arrays too), every
 // tensor type, alignments, file output; and the writer's own validation.
+#include "gguf/gguf_writer.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "gguf/gguf_reader.h"
-#include "gguf/gguf_writer.h"
 #include "util/error.h"
 
 namespace meshnet::gguf {
@@ -155,8 +156,8 @@ TEST(GgufWriter, EveryTensorTypeRoundTrips) {
 }
 
 TEST(GgufWriter, WriteFileAndOpen) {
-  const std::string path = ::testing::TempDir() + "/gguf_writer_test_" +
-                           std::to_string(::getpid()) + ".gguf";
+  const std::string path =
+      ::testing::TempDir() + "/gguf_writer_test_" + std::to_string(::getpid()) + ".gguf";
   GgufWriter w;
   w.SetString("general.architecture", "llama");
   const int64_t dims[] = {32, 4};

@@ -14,17 +14,22 @@ inline uint64_t ScalarSize(ValueType t) {
   switch (t) {
     case ValueType::kU8:
     case ValueType::kI8:
-    case ValueType::kBool: return 1;
+    case ValueType::kBool:
+      return 1;
     case ValueType::kU16:
-    case ValueType::kI16: return 2;
+    case ValueType::kI16:
+      return 2;
     case ValueType::kU32:
     case ValueType::kI32:
-    case ValueType::kF32: return 4;
+    case ValueType::kF32:
+      return 4;
     case ValueType::kU64:
     case ValueType::kI64:
-    case ValueType::kF64: return 8;
+    case ValueType::kF64:
+      return 8;
     case ValueType::kString:
-    case ValueType::kArray: return 0;
+    case ValueType::kArray:
+      return 0;
   }
   return 0;
 }
@@ -51,6 +56,5 @@ inline std::string Escaped(std::string_view s, size_t max_len = 200) {
   if (s.size() > max_len) out += "...";
   return out;
 }
-
 
 }  // namespace meshnet::gguf::internal

@@ -60,13 +60,20 @@ uint64_t TensorSeed(uint64_t seed, std::string_view name) {
 // llama.cpp's general.file_type (llama_ftype) for a weight type.
 uint32_t FileType(GgmlType t) {
   switch (t) {
-    case GgmlType::kF32: return 0;
-    case GgmlType::kF16: return 1;
-    case GgmlType::kQ4_0: return 2;
-    case GgmlType::kQ8_0: return 7;
-    case GgmlType::kQ4_K: return 15;  // Q4_K_M
-    case GgmlType::kQ6_K: return 18;
-    case GgmlType::kBF16: return 32;
+    case GgmlType::kF32:
+      return 0;
+    case GgmlType::kF16:
+      return 1;
+    case GgmlType::kQ4_0:
+      return 2;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kQ4_K:
+      return 15;  // Q4_K_M
+    case GgmlType::kQ6_K:
+      return 18;
+    case GgmlType::kBF16:
+      return 32;
   }
   return 0;
 }
@@ -100,8 +107,8 @@ void ValidateMakeModelOptions(const MakeModelOptions& o) {
   CheckRange("--n-ff", o.n_ff, 1, 262144);
   CheckRange("--context", o.context, 1, int64_t{1} << 24);
   if (o.n_embd % o.n_heads != 0) {
-    ThrowInvalidArgument("--n-embd " + std::to_string(o.n_embd) + " is not divisible by --n-heads " +
-                         std::to_string(o.n_heads));
+    ThrowInvalidArgument("--n-embd " + std::to_string(o.n_embd) +
+                         " is not divisible by --n-heads " + std::to_string(o.n_heads));
   }
   if (o.n_heads % o.n_kv_heads != 0) {
     ThrowInvalidArgument("--n-heads " + std::to_string(o.n_heads) +
@@ -122,14 +129,13 @@ void ValidateMakeModelOptions(const MakeModelOptions& o) {
   }
 }
 
-MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer,
-                            GgufWriter* w) {
+MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer, GgufWriter* w) {
   ValidateMakeModelOptions(o);
   const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
   const auto tokens = tokenizer.GetStringArray(gguf_keys::kTokens);
   if (!tokens || tokens->empty()) {
-    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " +
-                         gguf_keys::kTokens + " array");
+    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " + gguf_keys::kTokens +
+                         " array");
   }
   MakeModelSummary summary;
   summary.vocab_size = static_cast<int64_t>(tokens->size());

@@ -26,15 +26,15 @@
 namespace meshnet::gguf {
 
 struct MakeModelOptions {
-  std::string architecture = "llama";  // any certified architecture name or alias
+  std::string architecture = "llama";   // any certified architecture name or alias
   std::string name = "meshnet-random";  // general.name
   int64_t n_embd = 768;
   int64_t n_layers = 12;
   int64_t n_heads = 12;
   int64_t n_kv_heads = 12;
   int64_t n_ff = 2048;
-  GgmlType type = GgmlType::kQ8_0;               // 2-D weight matrices
-  std::optional<GgmlType> embedding_type;        // token_embd; default: `type`
+  GgmlType type = GgmlType::kQ8_0;         // 2-D weight matrices
+  std::optional<GgmlType> embedding_type;  // token_embd; default: `type`
   uint64_t seed = 1;
   int64_t context = 512;
   float rope_base = 10000.0f;
@@ -43,7 +43,7 @@ struct MakeModelOptions {
 
 struct MakeModelSummary {
   int64_t vocab_size = 0;
-  int64_t n_params = 0;    // elements over all tensors
+  int64_t n_params = 0;  // elements over all tensors
   int64_t n_tensors = 0;
   uint64_t file_bytes = 0;  // only set by MakeModel (0 for BuildModel)
 };

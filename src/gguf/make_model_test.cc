@@ -4,11 +4,11 @@
 #include "gguf/make_model.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "arch/architecture.h"

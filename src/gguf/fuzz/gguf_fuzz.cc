@@ -21,13 +21,34 @@ uint64_t Exercise(const meshnet::gguf::GgufFile& f) {
   for (const auto& e : f.metadata()) {
     sum += e.key.size() + e.value.ToString(4).size();
     // Typed getters must throw kMalformedFile or succeed, never anything else.
-    try { sum += f.GetU32(e.key).value_or(0); } catch (const meshnet::Error&) {}
-    try { sum += static_cast<uint64_t>(f.GetI64(e.key).value_or(0)); } catch (const meshnet::Error&) {}
-    try { sum += f.GetString(e.key).value_or("").size(); } catch (const meshnet::Error&) {}
-    try { sum += static_cast<uint64_t>(f.GetF32(e.key).value_or(0) != 0); } catch (const meshnet::Error&) {}
-    try { sum += f.GetStringArray(e.key).value_or(std::span<const std::string_view>{}).size(); } catch (const meshnet::Error&) {}
-    try { sum += f.GetF32Array(e.key).value_or(std::vector<float>{}).size(); } catch (const meshnet::Error&) {}
-    try { sum += f.GetI32Array(e.key).value_or(std::vector<int32_t>{}).size(); } catch (const meshnet::Error&) {}
+    try {
+      sum += f.GetU32(e.key).value_or(0);
+    } catch (const meshnet::Error&) {
+    }
+    try {
+      sum += static_cast<uint64_t>(f.GetI64(e.key).value_or(0));
+    } catch (const meshnet::Error&) {
+    }
+    try {
+      sum += f.GetString(e.key).value_or("").size();
+    } catch (const meshnet::Error&) {
+    }
+    try {
+      sum += static_cast<uint64_t>(f.GetF32(e.key).value_or(0) != 0);
+    } catch (const meshnet::Error&) {
+    }
+    try {
+      sum += f.GetStringArray(e.key).value_or(std::span<const std::string_view>{}).size();
+    } catch (const meshnet::Error&) {
+    }
+    try {
+      sum += f.GetF32Array(e.key).value_or(std::vector<float>{}).size();
+    } catch (const meshnet::Error&) {
+    }
+    try {
+      sum += f.GetI32Array(e.key).value_or(std::vector<int32_t>{}).size();
+    } catch (const meshnet::Error&) {
+    }
     if (e.value.is_array() && e.value.array_size() > 0) {
       sum += e.value.ArrayElement(e.value.array_size() - 1).ToString(2).size();
     }

@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
       GgmlType type;
       int64_t ne0;
       size_t bytes;
-    } const ts[] = {{"f32", GgmlType::kF32, 2, 8},     {"f16", GgmlType::kF16, 2, 4},
-                    {"bf16", GgmlType::kBF16, 2, 4},   {"q8_0", GgmlType::kQ8_0, 32, 34},
-                    {"q4_0", GgmlType::kQ4_0, 32, 18}, {"q4_k", GgmlType::kQ4_K, 256, 144},
+    } const ts[] = {{"f32", GgmlType::kF32, 2, 8},      {"f16", GgmlType::kF16, 2, 4},
+                    {"bf16", GgmlType::kBF16, 2, 4},    {"q8_0", GgmlType::kQ8_0, 32, 34},
+                    {"q4_0", GgmlType::kQ4_0, 32, 18},  {"q4_k", GgmlType::kQ4_K, 256, 144},
                     {"q6_k", GgmlType::kQ6_K, 256, 210}};
     uint8_t seed = 0;
     for (const auto& t : ts) {
