@@ -145,6 +145,9 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
   w->SetString(gguf_keys::kArchitecture, arch.gguf_arch);
   w->SetString(gguf_keys::kName, o.name);
   w->SetU32(gguf_keys::kFileType, FileType(o.type));
+  // The seed makes two random models of one shape distinguishable by their
+  // metadata (a node's model identity hashes the header, not the weights).
+  w->SetU64("meshnet.make_model.seed", o.seed);
   w->SetU32(arch.Key(ArchKey::kContextLength), static_cast<uint32_t>(o.context));
   w->SetU32(arch.Key(ArchKey::kEmbeddingLength), static_cast<uint32_t>(o.n_embd));
   w->SetU32(arch.Key(ArchKey::kBlockCount), static_cast<uint32_t>(o.n_layers));
