@@ -2,7 +2,7 @@
 """Random KV traces for `meshnet kv replay` (spec/kv-trace.md). Stdlib only.
 
     gen_trace.py --seed 7 [--ops 300]          a random trace on stdout
-    gen_trace.py --decode 8 1024                a decode trace: 8 sessions x 1024
+    gen_trace.py --decode 8 1024 [--no-resolve] a decode trace: 8 sessions x 1024
                                                 one-token appends, 4 owned layers x
                                                 8 KV heads x 64 dims, float32
 
@@ -290,9 +290,9 @@ def generate(seed: int, n_ops: int = 250) -> str:
 
 
 def decode_trace(sessions: int = 8, tokens: int = 1024, layers: int = 4, heads: int = 8,
-                 dim: int = 64) -> str:
+                 dim: int = 64, resolve: bool = True) -> str:
     """Prefill-free decode: open `sessions`, then `tokens` rounds of one-token appends
-    (each with expected_seq_len), then resolve every session and stats."""
+    (each with expected_seq_len), then (if `resolve`) resolve every session, then stats."""
     recipe = {"architecture_adapter": "llama", "kv_dtype": "float32", "n_kv_heads": heads,
               "head_dim": dim, "total_layers": 32, "start_layer": 0, "end_layer": layers - 1}
     bpt = 2 * heads * dim * 4 * layers
@@ -307,7 +307,7 @@ def decode_trace(sessions: int = 8, tokens: int = 1024, layers: int = 4, heads: 
         for s in ids:
             lines.append(json.dumps({"op": "append", "session": s, "epoch": 0, "tokens": 1,
                                      "expected_seq_len": pos}, separators=(",", ":")))
-    for s in ids:
+    for s in ids if resolve else []:
         lines.append(json.dumps({"op": "resolve", "session": s, "epoch": 0,
                                  "expected_seq_len": tokens}, separators=(",", ":")))
     lines.append('{"op":"stats"}')
@@ -319,10 +319,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ops", type=int, default=250)
     ap.add_argument("--decode", nargs=2, type=int, metavar=("SESSIONS", "TOKENS"))
+    ap.add_argument("--no-resolve", action="store_true",
+                    help="decode trace without the final resolves (no checksums)")
     args = ap.parse_args()
     sys.stdout.reconfigure(encoding="utf-8", newline="\n")
     if args.decode:
-        sys.stdout.write(decode_trace(*args.decode))
+        sys.stdout.write(decode_trace(*args.decode, resolve=not args.no_resolve))
     else:
         sys.stdout.write(generate(args.seed, args.ops))
     return 0
