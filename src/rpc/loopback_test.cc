@@ -49,11 +49,16 @@ std::vector<int32_t> InProcessTokens(const mesh::GenerateOptions& o) {
 
 // Three nodes serving 0-1, 2-3, 4-4 of the shipped model.
 struct Nodes {
-  explicit Nodes(const NodeServerOptions& base, int64_t budget = 8 << 20)
+  // `metrics_on_tail`: only the tail exposes /metrics (stopping an exposer
+  // takes up to civetweb's 2 s poll quantum).
+  explicit Nodes(const NodeServerOptions& base, int64_t budget = 8 << 20,
+                 bool metrics_on_tail = false)
       : mesh(File(), Split(budget), nullptr) {
     for (int i = 0; i < 3; ++i) {
+      NodeServerOptions o = base;
+      if (metrics_on_tail && i == 2) o.metrics_listen = "127.0.0.1:0";
       servers.push_back(std::make_unique<NodeServer>(&mesh.adapter(i),
-                                                     mesh::ModelIdentity(*File()), base));
+                                                     mesh::ModelIdentity(*File()), o));
       servers.back()->Start();
       addresses.push_back(servers.back()->bound_address());
     }
@@ -165,7 +170,17 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
       EXPECT_EQ(e.kind(), ErrorKind::kStaleEpoch) << e.what();
     }
   }
-  {  // a session growing past the budget: RESOURCE_EXHAUSTED
+  {  // Truncate of a session that is gone: NOT_FOUND with the miss
+    RemoteEndpoint ep(nodes.addresses[0], ClientOptions{});
+    try {
+      ep.Truncate(mesh::RandomId128(), "s", 0, 1);
+      ADD_FAILURE() << "truncate of nothing succeeded";
+    } catch (const kv::CacheMissError& e) {
+      EXPECT_EQ(e.miss().reason, kv::CacheMissReason::kUnknownSession);
+    }
+    EXPECT_EQ(ep.Truncate(id, "s", 2, 2), 2);
+  }
+  {  // a session growing past the budget: RESOURCE_EXHAUSTED (evicts `id`: run last)
     const std::string big = mesh::RandomId128();
     grpc::ClientContext ctx;
     pb::StepResponse resp;
@@ -178,16 +193,6 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
     more.set_expected_seq_len(32);
     EXPECT_EQ(head->Step(&ctx2, more, &resp).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     EXPECT_EQ(Trailer(ctx2), "budget-exceeded");
-  }
-  {  // Truncate of a session that is gone: NOT_FOUND with the miss
-    RemoteEndpoint ep(nodes.addresses[0], ClientOptions{});
-    try {
-      ep.Truncate(mesh::RandomId128(), "s", 0, 1);
-      ADD_FAILURE() << "truncate of nothing succeeded";
-    } catch (const kv::CacheMissError& e) {
-      EXPECT_EQ(e.miss().reason, kv::CacheMissReason::kUnknownSession);
-    }
-    EXPECT_EQ(ep.Truncate(id, "s", 2, 2), 2);
   }
 }
 
@@ -308,9 +313,7 @@ TEST(LoopbackTest, TlsAndMutualTls) {
 }
 
 TEST(LoopbackTest, HealthAndMetrics) {
-  NodeServerOptions so;
-  so.metrics_listen = "127.0.0.1:0";
-  Nodes nodes(so);
+  Nodes nodes(NodeServerOptions{}, 8 << 20, /*metrics_on_tail=*/true);
   {  // grpc.health.v1.Health/Check with an empty request -> status SERVING (field 1 = 1)
     auto channel = grpc::CreateChannel(nodes.addresses[1], grpc::InsecureChannelCredentials());
     grpc::GenericStub stub(channel);

@@ -381,7 +381,7 @@ void NodeCore::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse
       kv::CacheMiss miss{request.session_id(), request.route_epoch(),
                          kv::CacheMissReason::kUnknownSession, "no session bound on this node"};
       EncodeCacheMiss(miss, response->mutable_miss());
-      throw kv::CacheMissError(miss);
+      return;
     }
   }
   try {
@@ -389,7 +389,6 @@ void NodeCore::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse
         manager().Truncate(request.session_id(), request.route_epoch(), request.length()));
   } catch (const kv::CacheMissError& e) {
     EncodeCacheMiss(e.miss(), response->mutable_miss());
-    throw;
   }
 }
 

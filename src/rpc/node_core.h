@@ -81,7 +81,7 @@ class NodeCore {
   void Info(pb::InfoResponse* out);
   // Throws meshnet::Error (the service maps it to a status).
   void Step(const pb::StepRequest& request, pb::StepResponse* response);
-  // A CacheMiss goes into response->miss and is thrown as kv::CacheMissError.
+  // A CacheMiss is a value: it goes into response->miss (status OK).
   void Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response);
   void Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response);
 

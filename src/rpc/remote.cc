@@ -248,10 +248,8 @@ int64_t RemoteEndpoint::Truncate(const std::string& session_id,
   req.set_length(length);
   pb::TruncateResponse resp;
   const grpc::Status s = impl_->stub->Truncate(&ctx, req, &resp);
-  if (s.error_code() == grpc::StatusCode::NOT_FOUND && resp.has_miss()) {
-    throw kv::CacheMissError(DecodeCacheMiss(resp.miss()));
-  }
   if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Truncate");
+  if (resp.has_miss()) throw kv::CacheMissError(DecodeCacheMiss(resp.miss()));
   return resp.seq_len();
 }
 
