@@ -204,16 +204,21 @@ class TraceReplayer::Impl {
         !trace::ConfigArgs(doc_, op, &config) || !recipe.storable) {
       return Emit(out, kInvalid);  // a failed config keeps the previous manager
     }
+    // Everything that can fail happens before the old manager is replaced.
     std::unique_ptr<HotKvStateManager> m;
+    RowTables tables;
     try {
       m = std::make_unique<HotKvStateManager>(recipe.recipe, config, &clock_);
+      tables = BuildTables(m->recipe());
     } catch (const Error&) {
+      return Emit(out, kInvalid);
+    } catch (const std::bad_alloc&) {
       return Emit(out, kInvalid);
     }
     manager_ = std::move(m);
+    tables_ = std::move(tables);
     config_recipe_ = recipe;
     seq_len_.clear();
-    BuildTables();
     const KvCacheRecipe& mr = manager_->recipe();
     const JsonValue* heads = doc_.Find(*r, "n_kv_heads");
     const JsonValue* dim = doc_.Find(*r, "head_dim");
@@ -231,27 +236,33 @@ class TraceReplayer::Impl {
     out->append("}\n");
   }
 
-  void BuildTables() {
-    const KvCacheRecipe& r = manager_->recipe();
+  // Row tables: (1000 + head_dim) entries of (i % 1000) / 1000 and its negation.
+  struct RowTables {
+    std::vector<float> k_f32, v_f32;        // float32, for Append's LayerKv
+    std::vector<uint8_t> k_store, v_store;  // in the kv dtype, for KvStep rows
+  };
+  static RowTables BuildTables(const KvCacheRecipe& r) {
+    RowTables t;
     const size_t n = 1000 + static_cast<size_t>(r.head_dim);
     const size_t item = KvDtypeSize(r.kv_dtype);
-    k_f32_.resize(n);
-    v_f32_.resize(n);
-    k_store_.resize(n * item);
-    v_store_.resize(n * item);
+    t.k_f32.resize(n);
+    t.v_f32.resize(n);
+    t.k_store.resize(n * item);
+    t.v_store.resize(n * item);
     for (size_t i = 0; i < n; ++i) {
       const double k = static_cast<double>(i % 1000) / 1000.0;
-      k_f32_[i] = static_cast<float>(k);
-      v_f32_[i] = static_cast<float>(-k);
+      t.k_f32[i] = static_cast<float>(k);
+      t.v_f32[i] = static_cast<float>(-k);
       if (r.kv_dtype == KvDtype::kF16) {  // correctly rounded straight from double
         const uint16_t hk = DoubleToHalf(k), hv = DoubleToHalf(-k);
-        std::memcpy(&k_store_[i * 2], &hk, 2);
-        std::memcpy(&v_store_[i * 2], &hv, 2);
+        std::memcpy(&t.k_store[i * 2], &hk, 2);
+        std::memcpy(&t.v_store[i * 2], &hv, 2);
       } else {
-        StoreAs(r.kv_dtype, &k_store_[i * item], k_f32_[i]);
-        StoreAs(r.kv_dtype, &v_store_[i * item], v_f32_[i]);
+        StoreAs(r.kv_dtype, &t.k_store[i * item], t.k_f32[i]);
+        StoreAs(r.kv_dtype, &t.v_store[i * item], t.v_f32[i]);
       }
     }
+    return t;
   }
 
   void Open(const JsonValue& op, std::string* out) {
@@ -327,9 +338,9 @@ class TraceReplayer::Impl {
       for (int64_t t = 0; t < tokens; ++t) {
         const uint64_t c = RowC(base, layer, start + t);
         FillRow(reinterpret_cast<uint8_t*>(k + t * row),
-                reinterpret_cast<const uint8_t*>(k_f32_.data()), 4, c, r.n_kv_heads, r.head_dim);
+                reinterpret_cast<const uint8_t*>(tables_.k_f32.data()), 4, c, r.n_kv_heads, r.head_dim);
         FillRow(reinterpret_cast<uint8_t*>(v + t * row),
-                reinterpret_cast<const uint8_t*>(v_f32_.data()), 4, c, r.n_kv_heads, r.head_dim);
+                reinterpret_cast<const uint8_t*>(tables_.v_f32.data()), 4, c, r.n_kv_heads, r.head_dim);
       }
       layer_kv_[i] = LayerKv{layer, tokens, {k, plane}, {v, plane}};
     }
@@ -355,8 +366,8 @@ class TraceReplayer::Impl {
       const ops::PagedKvLayer view = step.Layer(layer);
       for (int64_t pos = step.start_pos(); pos < step.start_pos() + n_new; ++pos) {
         const uint64_t c = RowC(base, layer, pos);
-        FillRow(view.KRow(pos), k_store_.data(), item, c, r.n_kv_heads, r.head_dim);
-        FillRow(view.VRow(pos), v_store_.data(), item, c, r.n_kv_heads, r.head_dim);
+        FillRow(view.KRow(pos), tables_.k_store.data(), item, c, r.n_kv_heads, r.head_dim);
+        FillRow(view.VRow(pos), tables_.v_store.data(), item, c, r.n_kv_heads, r.head_dim);
       }
     }
     const int64_t n = step.start_pos() + n_new;
@@ -467,9 +478,7 @@ class TraceReplayer::Impl {
   trace::JsonDocument doc_;
   std::string session_scratch_;
   bool non_str_session_ = false;  // this op's session id is not a str
-  // Row tables: (1000 + head_dim) entries of (i % 1000) / 1000 and its negation.
-  std::vector<float> k_f32_, v_f32_;         // float32, for Append's LayerKv
-  std::vector<uint8_t> k_store_, v_store_;   // in the kv dtype, for KvStep rows
+  RowTables tables_;
   std::vector<float> scratch_;               // per owned layer: K then V (tokens, heads, dim)
   std::vector<LayerKv> layer_kv_;
   std::unordered_map<std::string, int64_t> seq_len_;
