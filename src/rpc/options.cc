@@ -1,5 +1,6 @@
 #include "rpc/options.h"
 
+#include <charconv>
 #include <cmath>
 
 #include "util/error.h"
@@ -11,6 +12,23 @@ namespace {
 void CheckPositive(double v, const char* name) {
   if (!(v > 0) || !std::isfinite(v)) {
     ThrowInvalidArgument(std::string(name) + " must be a positive number of seconds");
+  }
+}
+
+// host:port with a non-empty host and a port in 0..65535 ("[::1]:0" too).
+void CheckHostPort(const std::string& text, const char* flag) {
+  const size_t colon = text.rfind(':');
+  bool ok = colon != std::string::npos && colon > 0 && colon + 1 < text.size();
+  if (ok) {
+    int port = -1;
+    const char* p = text.data() + colon + 1;
+    const char* end = text.data() + text.size();
+    auto [q, ec] = std::from_chars(p, end, port);
+    ok = ec == std::errc() && q == end && port >= 0 && port <= 65535;
+  }
+  if (!ok) {
+    ThrowInvalidArgument(std::string(flag) + " '" + text +
+                         "' must be host:port with a port in 0..65535 (0 picks a free port)");
   }
 }
 
@@ -36,7 +54,8 @@ void ClientOptions::Validate() const {
 }
 
 void NodeServerOptions::Validate() const {
-  if (listen.empty()) ThrowInvalidArgument("--listen must be host:port");
+  CheckHostPort(listen, "--listen");
+  if (!metrics_listen.empty()) CheckHostPort(metrics_listen, "--metrics-listen");
   if (tls_cert.empty() != tls_key.empty()) {
     ThrowInvalidArgument("--tls-cert and --tls-key must be given together");
   }
