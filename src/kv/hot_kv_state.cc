@@ -27,6 +27,7 @@
 #include "kv/hot_kv_state.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -95,6 +96,9 @@ void HotKvStateConfig::Validate() const {
   if (miss_history < 0) ThrowInvalidArgument("miss_history must be >= 0");
   if (block_tokens < 1) ThrowInvalidArgument("block_tokens must be >= 1");
   if (epoch_history < 0) ThrowInvalidArgument("epoch_history must be >= 0");
+  if (!(pinned_wait_seconds >= 0 && pinned_wait_seconds <= 3600)) {
+    ThrowInvalidArgument("pinned_wait_seconds must be in [0, 3600]");
+  }
 }
 
 // --- Manager ------------------------------------------------------------------
@@ -159,6 +163,13 @@ struct Begun {
   int64_t n_new;
 };
 
+// A reservation that would fit the budget, but whose room is held by other
+// sessions pinned by in-flight steps: transient. Thrown by BeginLocked and
+// handled by BeginWaitingLocked, which waits for pins to go.
+struct PinnedShortage {
+  std::string message;
+};
+
 // The shared check sequence of Append and BeginStep (mu held): stale, TTL,
 // live lookup, busy, expected_seq_len, shape (Append), budget with LRU
 // eviction of others, reserve, refresh. Returns a CacheMiss value on a miss.
@@ -189,7 +200,6 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   }
   if (kv != nullptr) n_new = ValidateKv(m, *kv);
   if (n_new < 0) ThrowInvalidArgument("n_new must be >= 0");
-  ++m.hits;
   const int64_t need = m.BlocksFor(e->seq_len + n_new);
   if (need > m.pool.capacity()) {
     throw Error(ErrorKind::kBudgetExceeded,
@@ -200,13 +210,13 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   const int64_t extra = need - have;
   m.EvictLruUntilLocked(e, [&] { return m.pool.used() + extra <= m.pool.capacity(); });
   if (m.pool.used() + extra > m.pool.capacity()) {
-    throw Error(ErrorKind::kBudgetExceeded,
-                "session " + ShortSessionId(id) + " needs " +
-                    std::to_string(extra * m.block_bytes) +
-                    " more bytes but sessions pinned by in-flight requests hold the rest of the "
-                    "KV budget " +
-                    std::to_string(m.config.budget_bytes));
+    throw PinnedShortage{"session " + ShortSessionId(id) + " needs " +
+                         std::to_string(extra * m.block_bytes) +
+                         " more bytes but sessions pinned by in-flight requests hold the rest of "
+                         "the KV budget " +
+                         std::to_string(m.config.budget_bytes)};
   }
+  ++m.hits;
   try {
     for (int64_t i = 0; i < extra; ++i) {
       e->blocks.push_back(m.pool.Allocate());  // non-null: capacity checked above
@@ -220,6 +230,30 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   e->step_active = true;
   m.PinLocked(e);
   return Begun{e, e->seq_len, n_new};
+}
+
+// BeginLocked, waiting (mu released) up to config.pinned_wait_seconds of real
+// time while the only obstacle is room pinned by other in-flight steps. Each
+// attempt re-runs the whole check sequence, since the state may change while
+// the lock is released. Throws kBudgetExceeded when the wait runs out.
+std::variant<Begun, CacheMiss> BeginWaitingLocked(ManagerState& m, std::unique_lock<std::mutex>& lock,
+                                                  std::string_view id, int64_t epoch,
+                                                  std::optional<int64_t> expected,
+                                                  const std::span<const LayerKv>* kv,
+                                                  int64_t n_new) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(m.config.pinned_wait_seconds));
+  while (true) {
+    try {
+      return BeginLocked(m, id, epoch, expected, kv, n_new);
+    } catch (const PinnedShortage& shortage) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(ErrorKind::kBudgetExceeded, shortage.message);
+      }
+      m.unpinned.wait_until(lock, deadline);
+    }
+  }
 }
 
 void StoreRow(KvDtype dtype, uint8_t* dst, const float* src, int64_t n) {
@@ -296,9 +330,9 @@ int64_t HotKvStateManager::Append(std::string_view session_id, int64_t route_epo
   CheckRecipe(m.fingerprint, recipe);
   KvStep step;
   {
-    std::lock_guard lock(m.mu);
+    std::unique_lock lock(m.mu);
     IdTrimmer trim{m};
-    auto r = BeginLocked(m, session_id, route_epoch, expected_seq_len, &kv, 0);
+    auto r = BeginWaitingLocked(m, lock, session_id, route_epoch, expected_seq_len, &kv, 0);
     if (auto* miss = std::get_if<CacheMiss>(&r)) throw CacheMissError(std::move(*miss));
     const Begun& b = std::get<Begun>(r);
     step.manager_ = this;
@@ -328,9 +362,9 @@ StepResult HotKvStateManager::BeginStep(std::string_view session_id, int64_t rou
   CheckRecipe(m.fingerprint, recipe);
   KvStep step;
   {
-    std::lock_guard lock(m.mu);
+    std::unique_lock lock(m.mu);
     IdTrimmer trim{m};
-    auto r = BeginLocked(m, session_id, route_epoch, expected_seq_len, nullptr, n_new);
+    auto r = BeginWaitingLocked(m, lock, session_id, route_epoch, expected_seq_len, nullptr, n_new);
     if (auto* miss = std::get_if<CacheMiss>(&r)) return std::move(*miss);
     const Begun& b = std::get<Begun>(r);
     step.manager_ = this;

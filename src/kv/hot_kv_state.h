@@ -41,8 +41,10 @@
 // (by a SessionHandle or an in-flight KvStep): evicting a pinned session would
 // free nothing until the pin goes, and would kill a request in the middle of
 // its computation. If no such victim exists the cap may be exceeded by pinned
-// sessions only, and a reservation that cannot fit fails with kBudgetExceeded
-// (the requesting session untouched; victims already evicted stay evicted).
+// sessions only, and a reservation that would fit the budget alone waits (the
+// lock released, up to config.pinned_wait_seconds) for pins to go, then fails
+// with kBudgetExceeded (the requesting session untouched; victims already
+// evicted stay evicted).
 // TTL expiry, release and supersession do apply to pinned sessions.
 //
 // Thread-safety: every method is thread-safe. One mutex guards the maps and
@@ -79,6 +81,11 @@ struct HotKvStateConfig {
   // How many session ids whose state is gone still remember their latest epoch
   // (for stale-epoch checks). Ids with live state are always remembered.
   int64_t epoch_history = 1 << 16;
+  // How long (real time, not the injected Clock) a reservation that would fit
+  // waits for sessions pinned by other in-flight steps to release their room
+  // before failing with kBudgetExceeded. That shortage is transient; 0 fails
+  // at once.
+  double pinned_wait_seconds = 5.0;
 
   // Reference checks (budget > 0, max_sessions >= 1, ttl >= 0, miss_history >= 0)
   // plus block_tokens >= 1 and epoch_history >= 0. Throws kInvalidArgument.

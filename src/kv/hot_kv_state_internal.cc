@@ -146,6 +146,7 @@ void ManagerState::PinLocked(SessionEntry* e) {
 void ManagerState::UnpinLocked(SessionEntry* e) {
   if (--e->pins > 0) return;
   --pinned;
+  unpinned.notify_all();
   if (!e->live) {
     dead.Remove(e);
     FreeEntryLocked(e);

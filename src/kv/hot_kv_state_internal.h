@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <list>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -139,6 +140,9 @@ struct ManagerState {
   int64_t block_bytes = 0;      // block_tokens * bytes_per_token
 
   mutable std::mutex mu;
+  // Signalled when a pin goes or blocks return to the pool: a reservation
+  // short of room only because of pinned sessions waits on it.
+  std::condition_variable unpinned;
   // --- everything below is GUARDED_BY(mu) ---
   BlockPool pool;
   double last_now = 0;  // clamps the clock so LRU order stays last_tick order

@@ -62,6 +62,7 @@ class KvStepTest : public ::testing::Test {
     c.ttl_seconds = 10;
     c.miss_history = 16;
     c.block_tokens = block_tokens;
+    c.pinned_wait_seconds = 0;  // single-threaded tests: a pinned shortage fails at once
     return c;
   }
   void Make(HotKvStateConfig c = Paged()) {
