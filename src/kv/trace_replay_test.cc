@@ -14,6 +14,7 @@
 
 #include "kv/trace_args.h"
 #include "kv/trace_json.h"
+#include "util/dtype.h"
 #include "util/hash.h"
 
 namespace meshnet::kv {
@@ -270,6 +271,35 @@ TEST(TraceReplayer, AppendedRowsFollowTheSpecFormula) {
               R"({"ok":true,"seq_len":2})");
     EXPECT_EQ(r.Step(R"({"op":"get","session":"a","epoch":0})"),
               R"({"ok":true,"seq_len":2,"checksum":")" + ChecksumOfA() + "\"}");
+  }
+}
+
+// bfloat16 is our extension (numpy has none): rows are rounded from float32,
+// and the checksum widens them back, both computed here independently.
+TEST(TraceReplayer, Bfloat16RowsAreRoundedFromFloat32) {
+  std::string config = kConfig;
+  config.replace(config.find("float32"), 7, "bfloat16");
+  Sha256 sha;
+  const uint64_t fnv = Fnv1a32("b");
+  for (int layer = 2; layer <= 3; ++layer) {
+    std::vector<float> k, v;
+    for (int dim = 0; dim < 2; ++dim) {
+      const double x = static_cast<double>((fnv + 31 * 4 + 131 * layer + dim) % 1000) / 1000.0;
+      k.push_back(Bf16ToFloat(FloatToBf16(static_cast<float>(x))));
+      v.push_back(Bf16ToFloat(FloatToBf16(static_cast<float>(-x))));
+    }
+    sha.Update(k.data(), k.size() * 4);
+    sha.Update(v.data(), v.size() * 4);
+  }
+  const std::string expected = sha.HexDigest().substr(0, 16);
+  for (auto path : {ReplayAppendPath::kAppend, ReplayAppendPath::kStep}) {
+    TraceReplayer r(path);
+    EXPECT_NE(r.Step(config).find("\"bytes_per_token\":16}"), std::string::npos);
+    EXPECT_EQ(r.Step(R"({"op":"open","session":"b","epoch":4})"), R"({"ok":true,"seq_len":0})");
+    EXPECT_EQ(r.Step(R"({"op":"append","session":"b","epoch":4,"tokens":1})"),
+              R"({"ok":true,"seq_len":1})");
+    EXPECT_EQ(r.Step(R"({"op":"get","session":"b","epoch":4})"),
+              R"({"ok":true,"seq_len":1,"checksum":")" + expected + "\"}");
   }
 }
 
