@@ -1,15 +1,16 @@
 // Highway kernels for ops/matmul.h, compiled once per SIMD target and chosen
 // at run time (HWY_DYNAMIC_DISPATCH).
 //
-// Quantized weights: a tile of R weight rows x T tokens is computed at once.
-// For every 32-element block, each row's codes are widened to int16 (one
-// vector per 16 elements) and multiplied with the int16 activations by
+// Quantized weights: a tile of R weight rows x T tokens is computed at once
+// (R = T = 1 for decode). For every 32-element block, each row's codes are
+// widened to int16 (one vector per block on AVX-512, else per 16 or 8
+// elements) and multiplied with the int16 activations by
 // ReorderWidenMulAccumulate (pmaddwd), which is exact; the int32 sums are
 // converted and scaled by (weight scale * activation scale) into float
-// accumulators. Offsets (Q4_0's -8, Q4_K's mins) are applied per block with
-// the precomputed d*sum(q) of the activation block. Q6_K's per-16 scales are
-// folded into the codes ((q-32)*sc fits int16). Vectors are capped at 16
-// int16 lanes so a vector never straddles a Q6_K scale or a Q4 nibble half.
+// accumulators. Q4_K's mins are applied per block with the precomputed
+// d*sum(q) of the activation block; Q4_0's -8 is subtracted from the codes. Q6_K's per-16 scales
+// are folded into the codes ((q-32)*sc fits int16). A 32-lane vector gets its two Q6_K scales / Q4
+// nibble halves explicitly; narrower vectors never straddle them.
 //
 // Float weights (F32/F16/BF16): rows are widened to f32 and FMA'd against
 // float activations with full-width vectors; odd tails are scalar.
@@ -41,6 +42,15 @@ HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
   return v;
+}
+
+// f16 scale at p. AVX2 and later have F16C (one instruction, exact).
+HWY_INLINE float LoadF16(const uint8_t* p) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return _cvtsh_ss(LoadU16(p));
+#else
+  return HalfToFloatFast(LoadU16(p));
+#endif
 }
 
 // ---------------------------------------------------------------- activations
@@ -81,16 +91,15 @@ void QuantizeActsImpl(const float* x, int64_t cols, int64_t t_begin, int64_t t_e
 // the int16 codes of elements [e, e + Lanes(D16)) of 32-block j.
 
 struct SubScales {
-  float scale[8];
-  float off[8];
+  HWY_ALIGN float scale[8];
+  HWY_ALIGN float off[8];
 };
+using D8F = hn::CappedTag<float, 8>;  // one lane per 32-block of a K super-block
 
 struct Q8_0Fmt {
   static constexpr int kSuper = 32, kBytes = 34, kSub = 1;
   static constexpr bool kHasOff = false;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    h->scale[0] = HalfToFloatFast(LoadU16(p));
-  }
+  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) { h->scale[0] = LoadF16(p); }
   template <class D>
   static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
     return hn::PromoteTo(
@@ -98,28 +107,25 @@ struct Q8_0Fmt {
   }
 };
 
-struct Q4_0Fmt {
+struct Q4_0Fmt {  // codes are nibble - 8, so no offset term
   static constexpr int kSuper = 32, kBytes = 18, kSub = 1;
-  static constexpr bool kHasOff = true;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    h->scale[0] = HalfToFloatFast(LoadU16(p));
-    h->off[0] = 8.0f * h->scale[0];
-  }
+  static constexpr bool kHasOff = false;
+  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) { h->scale[0] = LoadF16(p); }
   template <class D>
   static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
 #if HWY_TARGET != HWY_SCALAR  // (no Combine there; kN16 is 1)
     if constexpr (kN16 == 32) {
       const hn::Half<D> dh;
       const auto bytes = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, hn::Half<D>>(), p + 2));
-      return hn::Combine(d, hn::ShiftRight<4>(bytes), hn::And(bytes, hn::Set(dh, 0xF)));
+      const auto codes = hn::Combine(d, hn::ShiftRight<4>(bytes), hn::And(bytes, hn::Set(dh, 0xF)));
+      return hn::Sub(codes, hn::Set(d, 8));
     }
 #endif
     {
-      if (e < 16)
-        return hn::And(hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 2 + e)),
-                       hn::Set(d, 0xF));
-      return hn::ShiftRight<4>(
-          hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 2 + e - 16)));
+      const auto bytes =
+          hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 2 + (e < 16 ? e : e - 16)));
+      const auto codes = e < 16 ? hn::And(bytes, hn::Set(d, 0xF)) : hn::ShiftRight<4>(bytes);
+      return hn::Sub(codes, hn::Set(d, 8));
     }
   }
 };
@@ -128,13 +134,25 @@ struct Q4_KFmt {
   static constexpr int kSuper = 256, kBytes = 144, kSub = 8;
   static constexpr bool kHasOff = true;
   static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    const float d = HalfToFloatFast(LoadU16(p));
-    const float dmin = HalfToFloatFast(LoadU16(p + 2));
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      Q4KScaleMin(j, p + 4, &sc, &m);
-      h->scale[j] = d * sc;
-      h->off[j] = dmin * m;
+    const float d = LoadF16(p);
+    const float dmin = LoadF16(p + 2);
+    // The 12 packed bytes as three words: bytes 0-3 hold scales 0-3 (low 6
+    // bits) and the top 2 bits of scales 4-7; bytes 4-7 the same for mins;
+    // bytes 8-11 the low nibbles of scales 4-7 and mins 4-7 (cf. Q4KScaleMin).
+    uint32_t u[3];
+    std::memcpy(u, p + 4, 12);
+    const uint32_t packed[4] = {
+        u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4),
+        u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+    const auto* sc_m = reinterpret_cast<const uint8_t*>(packed);  // 8 scales, then 8 mins
+    const D8F d8;
+    const hn::Rebind<int32_t, D8F> di;
+    const hn::Rebind<uint8_t, D8F> du8;
+    for (size_t j = 0; j < 8; j += hn::Lanes(d8)) {
+      const auto sc = hn::ConvertTo(d8, hn::PromoteTo(di, hn::LoadU(du8, sc_m + j)));
+      const auto m = hn::ConvertTo(d8, hn::PromoteTo(di, hn::LoadU(du8, sc_m + 8 + j)));
+      hn::Store(hn::Mul(hn::Set(d8, d), sc), d8, h->scale + j);
+      hn::Store(hn::Mul(hn::Set(d8, dmin), m), d8, h->off + j);
     }
   }
   template <class D>
@@ -149,7 +167,7 @@ struct Q6_KFmt {
   static constexpr int kSuper = 256, kBytes = 210, kSub = 8;
   static constexpr bool kHasOff = false;
   static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    const float d = HalfToFloatFast(LoadU16(p + 208));
+    const float d = LoadF16(p + 208);
     for (int j = 0; j < 8; ++j) h->scale[j] = d;
   }
   template <class D>
@@ -174,13 +192,17 @@ struct Q6_KFmt {
 
 // ---------------------------------------------------------------- quant tiles
 
-// Rows [r0, r0+R) x tokens [t0, t0+T) of y (n_tokens, rows).
+// Rows [r0, r0+R) x tokens [t0, t0+T) of y (n_tokens, rows). A single-row,
+// single-token tile (decode) alternates two accumulators so consecutive
+// blocks' FMAs do not wait on each other's latency.
 template <class Fmt, int R, int T>
 HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
                           float* y) {
+  constexpr int kAcc = (R * T == 1) ? 2 : 1;
   const D16 d16;
   const D32 d32;
   const DF32 df;
+  const D8F d8;
   const int64_t row_bytes = w.cols / Fmt::kSuper * Fmt::kBytes;
   const int64_t nb = w.cols / 32;
   const int64_t n_super = w.cols / Fmt::kSuper;
@@ -194,45 +216,81 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
     xd[t] = a.d + (t0 + t) * nb;
     xs[t] = a.dxs + (t0 + t) * nb;
   }
-  hn::Vec<DF32> acc[R][T];
+  hn::Vec<DF32> acc[kAcc][R][T];
   float corr[R][T];
+  hn::Vec<D8F> corr8[R][T];  // K-quants: one lane per sub-block position
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
-      acc[r][t] = hn::Zero(df);
+      for (int k = 0; k < kAcc; ++k) acc[k][r][t] = hn::Zero(df);
       corr[r][t] = 0.0f;
+      corr8[r][t] = hn::Zero(d8);
     }
-  for (int64_t s = 0; s < n_super; ++s) {
-    SubScales h[R];
-    for (int r = 0; r < R; ++r) Fmt::Header(rows[r] + s * Fmt::kBytes, &h[r]);
-    for (int j = 0; j < Fmt::kSub; ++j) {
-      const int64_t b = s * Fmt::kSub + j;
-      hn::Vec<D32> sum0[R][T], sum1[R][T];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) sum0[r][t] = sum1[r][t] = hn::Zero(d32);
-      for (size_t e = 0; e < 32; e += kN16) {
-        V16 code[R];
-        for (int r = 0; r < R; ++r) code[r] = Fmt::Code(d16, rows[r] + s * Fmt::kBytes, h[r], j, e);
-        for (int t = 0; t < T; ++t) {
-          const V16 xv = hn::LoadU(d16, xq[t] + b * 32 + static_cast<int64_t>(e));
-          for (int r = 0; r < R; ++r) {
-            sum0[r][t] = hn::ReorderWidenMulAccumulate(d32, code[r], xv, sum0[r][t], sum1[r][t]);
+  // Blocks alternate between accumulators by a compile-time index: with one
+  // 32-block per super-block, kStep consecutive super-blocks form one iteration.
+  constexpr int kStep = Fmt::kSub == 1 ? kAcc : 1;
+  for (int64_t s0 = 0; s0 < n_super; s0 += kStep) {
+    for (int u = 0; u < kStep; ++u) {
+      const int64_t s = s0 + u;
+      if (kStep > 1 && s >= n_super) break;
+      SubScales h[R];
+      for (int r = 0; r < R; ++r) Fmt::Header(rows[r] + s * Fmt::kBytes, &h[r]);
+      // Per (row, token, sub-block): weight scale * activation scale.
+      HWY_ALIGN float eff[R][T][Fmt::kSub];
+      if constexpr (Fmt::kSub == 8) {
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < T; ++t)
+            for (size_t j = 0; j < 8; j += hn::Lanes(d8)) {
+              const int64_t b = s * 8 + static_cast<int64_t>(j);
+              hn::Store(hn::Mul(hn::Load(d8, h[r].scale + j), hn::LoadU(d8, xd[t] + b)), d8,
+                        eff[r][t] + j);
+              if constexpr (Fmt::kHasOff) {
+                corr8[r][t] =
+                    hn::MulAdd(hn::Load(d8, h[r].off + j), hn::LoadU(d8, xs[t] + b), corr8[r][t]);
+              }
+            }
+      } else {
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < T; ++t) {
+            eff[r][t][0] = h[r].scale[0] * xd[t][s];
+            if constexpr (Fmt::kHasOff) corr[r][t] += h[r].off[0] * xs[t][s];
+          }
+      }
+      HWY_UNROLL(8)
+      for (int j = 0; j < Fmt::kSub; ++j) {
+        const int64_t b = s * Fmt::kSub + j;
+        hn::Vec<D32> sum0[R][T], sum1[R][T];
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < T; ++t) sum0[r][t] = sum1[r][t] = hn::Zero(d32);
+        for (size_t e = 0; e < 32; e += kN16) {
+          V16 code[R];
+          for (int r = 0; r < R; ++r)
+            code[r] = Fmt::Code(d16, rows[r] + s * Fmt::kBytes, h[r], j, e);
+          for (int t = 0; t < T; ++t) {
+            const V16 xv = hn::LoadU(d16, xq[t] + b * 32 + static_cast<int64_t>(e));
+            for (int r = 0; r < R; ++r) {
+              sum0[r][t] = hn::ReorderWidenMulAccumulate(d32, code[r], xv, sum0[r][t], sum1[r][t]);
+            }
           }
         }
-      }
-      for (int t = 0; t < T; ++t) {
-        const float dx = xd[t][b];
-        for (int r = 0; r < R; ++r) {
-          const auto isum = hn::RearrangeToOddPlusEven(sum0[r][t], sum1[r][t]);
-          acc[r][t] =
-              hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, h[r].scale[j] * dx), acc[r][t]);
-          if constexpr (Fmt::kHasOff) corr[r][t] += h[r].off[j] * xs[t][b];
-        }
+        const int k = (u * Fmt::kSub + j) % kAcc;
+        for (int t = 0; t < T; ++t)
+          for (int r = 0; r < R; ++r) {
+            const auto isum = hn::RearrangeToOddPlusEven(sum0[r][t], sum1[r][t]);
+            acc[k][r][t] =
+                hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, eff[r][t][j]), acc[k][r][t]);
+          }
       }
     }
   }
+
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r)
-      y[(t0 + t) * w.rows + r0 + r] = hn::GetLane(hn::SumOfLanes(df, acc[r][t])) - corr[r][t];
+    for (int r = 0; r < R; ++r) {
+      auto total = acc[0][r][t];
+      for (int k = 1; k < kAcc; ++k) total = hn::Add(total, acc[k][r][t]);
+      float off = corr[r][t];
+      if constexpr (Fmt::kSub == 8) off += hn::GetLane(hn::SumOfLanes(d8, corr8[r][t]));
+      y[(t0 + t) * w.rows + r0 + r] = hn::GetLane(hn::SumOfLanes(df, total)) - off;
+    }
 }
 
 template <class Fmt, int R, int T>
@@ -243,8 +301,11 @@ HWY_INLINE void QuantTokens(const WeightMatrix& w, int64_t r0, const QuantActs& 
   for (; t < n_tokens; ++t) QuantTile<Fmt, R, 1>(w, r0, t, a, y);
 }
 
-// Decode streams 4 rows at once; prefill tiles 2 rows x kTokens tokens (the
-// accumulators must fit the register file: 32 vector registers on AVX-512).
+// Decode streams one row at a time: measured from DRAM, interleaving 2 or 4
+// rows (to share activation loads) ran 1.3-3.5x slower than one sequential
+// stream, which the hardware prefetchers follow best. Prefill tiles 2 rows x
+// kTokens tokens (accumulators must fit the register file: 32 vector
+// registers on AVX-512).
 constexpr bool kWideRegs = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
 constexpr int kTokens = kWideRegs ? 4 : 2;
 
@@ -253,7 +314,7 @@ void QuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const Quan
                int64_t n_tokens, float* y) {
   int64_t r = r_begin;
   if (n_tokens == 1) {
-    for (; r + 4 <= r_end; r += 4) QuantTile<Fmt, 4, 1>(w, r, 0, a, y);
+    for (; r < r_end; ++r) QuantTile<Fmt, 1, 1>(w, r, 0, a, y);
   } else {
     for (; r + 2 <= r_end; r += 2) QuantTokens<Fmt, 2, kTokens>(w, r, a, n_tokens, y);
   }
@@ -312,6 +373,16 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
   int64_t i = 0;
+  if constexpr (R * T == 1) {  // decode: 4 independent FMA chains hide the latency
+    auto a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (; i + 4 * n <= cols; i += 4 * n) {
+      acc[0][0] = hn::MulAdd(LoadWeights(df, rows[0] + i), hn::LoadU(df, xs[0] + i), acc[0][0]);
+      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), hn::LoadU(df, xs[0] + i + n), a1);
+      a2 = hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), hn::LoadU(df, xs[0] + i + 2 * n), a2);
+      a3 = hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), hn::LoadU(df, xs[0] + i + 3 * n), a3);
+    }
+    acc[0][0] = hn::Add(hn::Add(acc[0][0], a1), hn::Add(a2, a3));
+  }
   for (; i + n <= cols; i += n) {
     hn::Vec<DF> wv[R];
     for (int r = 0; r < R; ++r) wv[r] = LoadWeights(df, rows[r] + i);
@@ -342,7 +413,7 @@ void FloatRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const floa
                int64_t n_tokens, float* y) {
   int64_t r = r_begin;
   if (n_tokens == 1) {
-    for (; r + 4 <= r_end; r += 4) FloatTile<WT, 4, 1>(w, r, 0, x, y);
+    for (; r < r_end; ++r) FloatTile<WT, 1, 1>(w, r, 0, x, y);
   } else {
     if constexpr (kWideRegs) {
       for (; r + 4 <= r_end; r += 4) FloatTokens<WT, 4, 4>(w, r, x, n_tokens, y);
