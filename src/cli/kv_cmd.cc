@@ -43,6 +43,12 @@ Where this replayer knowingly differs from the reference:
   * values a C++ manager cannot hold are invalid-argument: epochs or tokens
     beyond int64, recipe fields beyond int32, non-integral float n_kv_heads /
     head_dim in config;
+  * "t" must not decrease (spec); the manager clamps its clock to the largest
+    value seen, the reference would go back in time;
+  * the manager remembers the latest epoch of at most 65536 session ids
+    without live state (the reference remembers every id forever): a trace
+    with more distinct idle ids may see an old id's lower epoch accepted
+    where the reference answers stale-epoch;
   * where the reference crashes instead of answering (MemoryError on a huge
     append, int(inf) as a truncate length, a lone surrogate id in stats), this
     replayer answers (invalid-argument; invalid-argument after the lookup; a

@@ -26,6 +26,8 @@
 //  * values the reference accepts but a C++ manager cannot hold are
 //    invalid-argument: ints beyond int64 for epochs and tokens, beyond int32
 //    for recipe fields, non-integral float head counts / head dims in config;
+//  * the manager's latest-epoch memory is bounded (HotKvStateConfig::
+//    epoch_history ids without live state; the reference keeps every id);
 //  * where the reference crashes instead of answering (MemoryError on huge
 //    appends, int(inf) in truncate, writing a lone surrogate) we answer:
 //    invalid-argument, invalid-argument after the lookup, a \udxxx escape.
