@@ -57,8 +57,8 @@ struct Mesh768 {
           MESHNET_BINARY,
           std::vector<std::string>{"--model", model, "--layers", layers, "--listen",
                                    "127.0.0.1:0", "--threads", "1", "--kv-budget", "256MiB",
-                                   "--log-level", "warn"},
-          dir.file(std::string("node-") + layers + ".log")));
+                                   "--log-level", "warn", "--metrics-listen", "127.0.0.1:0"},
+          dir.file(std::string("node-") + layers + ".log"), /*expect_metrics=*/true));
       addrs.push_back(nodes.back()->address());
     }
     auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model));
@@ -70,6 +70,17 @@ struct Mesh768 {
   }
 };
 
+// Seconds the nodes spent inside Step handlers (the step latency histogram's
+// sum, scraped from /metrics), summed over the nodes.
+double NodeStepSeconds(const Mesh768& f) {
+  double sum = 0;
+  for (const auto& n : f.nodes) {
+    sum += rpc::testing::MetricValue(rpc::testing::HttpGet(n->metrics_address(), "/metrics"),
+                                     "meshnet_step_latency_seconds_sum");
+  }
+  return sum;
+}
+
 void BM_Mesh768(benchmark::State& state) {
   static Mesh768 f;
   const int n = static_cast<int>(state.range(0));
@@ -80,15 +91,23 @@ void BM_Mesh768(benchmark::State& state) {
   double t_local = 0, t_remote = 0;
   int64_t tokens = 0;
   bool same = true;
+  double t_nodes = 0;
   for (auto _ : state) {
     const auto a = Clock::now();
     const auto want = mesh::Generate(local, prompt, o).generated_ids;
     const auto b = Clock::now();
+    state.PauseTiming();
+    const double before = NodeStepSeconds(f);
+    state.ResumeTiming();
+    const auto b2 = Clock::now();
     const auto got = mesh::Generate(*f.remote, prompt, o).generated_ids;
     const auto c = Clock::now();
+    state.PauseTiming();
+    t_nodes += NodeStepSeconds(f) - before;
+    state.ResumeTiming();
     same = same && want == got;
     t_local += Seconds(a, b);
-    t_remote += Seconds(b, c);
+    t_remote += Seconds(b2, c);
     tokens += n;
   }
   if (!same) state.SkipWithError("remote tokens differ from in-process tokens");
@@ -96,6 +115,11 @@ void BM_Mesh768(benchmark::State& state) {
   state.counters["remote_tok_s"] = static_cast<double>(tokens) / t_remote;
   state.counters["ratio"] = t_local / t_remote;
   state.counters["per_hop_overhead_us"] = (t_remote - t_local) / static_cast<double>(tokens) / 3 * 1e6;
+  // Split of the remote time: inside the nodes' Step handlers vs the rest
+  // (network, client encode/decode, planning, scheduling).
+  state.counters["node_step_us_per_hop"] = t_nodes / static_cast<double>(tokens) / 3 * 1e6;
+  state.counters["outside_nodes_us_per_hop"] =
+      (t_remote - t_nodes) / static_cast<double>(tokens) / 3 * 1e6;
 }
 BENCHMARK(BM_Mesh768)->Arg(32)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 

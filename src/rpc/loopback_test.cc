@@ -41,6 +41,14 @@ mesh::InProcessMeshOptions Split(int64_t budget = 8 << 20) {
   return o;
 }
 
+// Generous deadlines: sanitized builds on a busy machine are slow.
+ClientOptions Roomy() {
+  ClientOptions co;
+  co.info_timeout_s = 20.0;
+  co.connect_timeout_s = 5.0;
+  return co;
+}
+
 std::vector<int32_t> InProcessTokens(const mesh::GenerateOptions& o) {
   mesh::InProcessMesh reference(File(), Split(), nullptr);
   mesh::FixedRouteProvider p(reference.route());
@@ -95,8 +103,7 @@ std::string Trailer(const grpc::ClientContext& ctx) {
 
 TEST(LoopbackTest, RemoteRouteMatchesInProcessTokenForToken) {
   Nodes nodes(NodeServerOptions{});
-  ClientOptions co;
-  auto provider = MakeRemoteRouteProvider(nodes.addresses, co);
+  auto provider = MakeRemoteRouteProvider(nodes.addresses, Roomy());
   for (float temperature : {0.0f, 0.9f}) {
     mesh::GenerateOptions o;
     o.max_tokens = 32;
@@ -115,7 +122,7 @@ TEST(LoopbackTest, RemoteRouteMatchesInProcessTokenForToken) {
 TEST(LoopbackTest, HalfPrecisionWireRuns) {
   Nodes nodes(NodeServerOptions{});
   for (KvDtype t : {KvDtype::kF16, KvDtype::kBF16}) {
-    ClientOptions co;
+    ClientOptions co = Roomy();
     co.wire_dtype = t;
     auto provider = MakeRemoteRouteProvider(nodes.addresses, co);
     mesh::GenerateOptions o;
@@ -155,7 +162,7 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
     EXPECT_EQ(head->Step(&ctx, HeadPrefill(id, "s", 1, 4), &resp).error_code(),
               grpc::StatusCode::ABORTED);
     EXPECT_EQ(Trailer(ctx), "stale-epoch");
-    RemoteEndpoint ep(nodes.addresses[0], ClientOptions{});
+    RemoteEndpoint ep(nodes.addresses[0], Roomy());
     mesh::StepRequest r;
     r.session_id = id;
     r.session_secret = "s";
@@ -171,7 +178,7 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
     }
   }
   {  // Truncate of a session that is gone: NOT_FOUND with the miss
-    RemoteEndpoint ep(nodes.addresses[0], ClientOptions{});
+    RemoteEndpoint ep(nodes.addresses[0], Roomy());
     try {
       ep.Truncate(mesh::RandomId128(), "s", 0, 1);
       ADD_FAILURE() << "truncate of nothing succeeded";
@@ -237,7 +244,7 @@ TEST(LoopbackTest, ClusterTokenIsCheckedOnEveryCall) {
   so.auth_token = "correct horse";
   Nodes nodes(so);
   for (const char* token : {"", "wrong", "correct hors", "correct horse!"}) {
-    ClientOptions co;
+    ClientOptions co = Roomy();
     co.auth_token = token;
     RemoteEndpoint ep(nodes.addresses[0], co);
     try {
@@ -259,7 +266,7 @@ TEST(LoopbackTest, ClusterTokenIsCheckedOnEveryCall) {
       EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
     }
   }
-  ClientOptions co;
+  ClientOptions co = Roomy();
   co.auth_token = "correct horse";
   auto provider = MakeRemoteRouteProvider(nodes.addresses, co);
   mesh::GenerateOptions o;
@@ -277,19 +284,25 @@ TEST(LoopbackTest, TlsAndMutualTls) {
     auto p = MakeRemoteRouteProvider(addrs, co);
     return mesh::Generate(*p, kPrompt, o).generated_ids;
   };
+  // Calls expected to fail wait out a short deadline (Info waits for a
+  // connection that never becomes ready); calls expected to succeed get room
+  // for slow (sanitized) builds.
   ClientOptions quick;
   quick.info_timeout_s = 1.0;
   quick.connect_timeout_s = 0.5;
+  ClientOptions roomy;
+  roomy.info_timeout_s = 20.0;
 
   NodeServerOptions tls;
   tls.tls_cert = pki.server_cert;
   tls.tls_key = pki.server_key;
   {
     Nodes nodes(tls);
-    ClientOptions co = quick;
+    ClientOptions co = roomy;
     co.tls_ca = pki.ca_cert;
     EXPECT_EQ(run(nodes.addresses, co), want);
     EXPECT_THROW(run(nodes.addresses, quick), Error) << "plaintext client on a TLS node";
+    co = quick;
     co.tls_ca = pki.other_ca_cert;
     EXPECT_THROW(run(nodes.addresses, co), Error) << "node cert from an untrusted CA";
   }
@@ -305,6 +318,7 @@ TEST(LoopbackTest, TlsAndMutualTls) {
     EXPECT_THROW(run(nodes.addresses, co), Error) << "client cert from another CA";
     co.tls_cert = pki.client_cert;
     co.tls_key = pki.client_key;
+    co.info_timeout_s = roomy.info_timeout_s;
     EXPECT_EQ(run(nodes.addresses, co), want);
   }
   ClientOptions bad = quick;
@@ -341,7 +355,7 @@ TEST(LoopbackTest, HealthAndMetrics) {
     for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
     EXPECT_EQ(bytes, std::string("\x08\x01", 2));
   }
-  auto provider = MakeRemoteRouteProvider(nodes.addresses, ClientOptions{});
+  auto provider = MakeRemoteRouteProvider(nodes.addresses, Roomy());
   mesh::GenerateOptions o;
   o.max_tokens = 5;
   o.release_at_end = false;

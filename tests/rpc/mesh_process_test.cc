@@ -74,9 +74,11 @@ class MeshProcessTest : public ::testing::Test {
 
   static ClientOptions Client() {
     ClientOptions co;
-    co.info_timeout_s = 2.0;
-    co.connect_timeout_s = 1.0;
-    co.timeout_s = 20.0;
+    // A dead node costs one Info deadline per plan; generous enough for
+    // sanitized builds on a busy machine.
+    co.info_timeout_s = 5.0;
+    co.connect_timeout_s = 2.0;
+    co.timeout_s = 60.0;
     return co;
   }
 
