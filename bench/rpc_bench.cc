@@ -14,9 +14,14 @@
 // Nodes run with --threads 1 and the in-process baseline with a 1-thread pool.
 #include <benchmark/benchmark.h>
 
+#include <time.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
@@ -34,6 +39,27 @@ using rpc::testing::NodeProcess;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU seconds (user + system) this process has used.
+double SelfCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU seconds (utime + stime) of another process, from /proc/<pid>/stat.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "(comm) "
+  std::string f;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stod(f);
+    if (i == 15) stime = std::stod(f);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 struct Mesh768 {
@@ -70,6 +96,8 @@ struct Mesh768 {
   }
 };
 
+double NodesCpuSeconds(const struct Mesh768& f);
+
 // Seconds the nodes spent inside Step handlers (the step latency histogram's
 // sum, scraped from /metrics), summed over the nodes.
 double NodeStepSeconds(const Mesh768& f) {
@@ -78,6 +106,12 @@ double NodeStepSeconds(const Mesh768& f) {
     sum += rpc::testing::MetricValue(rpc::testing::HttpGet(n->metrics_address(), "/metrics"),
                                      "meshnet_step_latency_seconds_sum");
   }
+  return sum;
+}
+
+double NodesCpuSeconds(const Mesh768& f) {
+  double sum = 0;
+  for (const auto& n : f.nodes) sum += ProcessCpuSeconds(n->pid());
   return sum;
 }
 
@@ -91,18 +125,23 @@ void BM_Mesh768(benchmark::State& state) {
   double t_local = 0, t_remote = 0;
   int64_t tokens = 0;
   bool same = true;
-  double t_nodes = 0;
+  double t_nodes = 0, cpu_local = 0, cpu_remote = 0;
   for (auto _ : state) {
+    const double cpu_a = SelfCpuSeconds();
     const auto a = Clock::now();
     const auto want = mesh::Generate(local, prompt, o).generated_ids;
     const auto b = Clock::now();
+    cpu_local += SelfCpuSeconds() - cpu_a;
     state.PauseTiming();
     const double before = NodeStepSeconds(f);
+    const double nodes_cpu_before = NodesCpuSeconds(f);
+    const double cpu_b = SelfCpuSeconds();
     state.ResumeTiming();
     const auto b2 = Clock::now();
     const auto got = mesh::Generate(*f.remote, prompt, o).generated_ids;
     const auto c = Clock::now();
     state.PauseTiming();
+    cpu_remote += SelfCpuSeconds() - cpu_b + NodesCpuSeconds(f) - nodes_cpu_before;
     t_nodes += NodeStepSeconds(f) - before;
     state.ResumeTiming();
     same = same && want == got;
@@ -120,8 +159,13 @@ void BM_Mesh768(benchmark::State& state) {
   state.counters["node_step_us_per_hop"] = t_nodes / static_cast<double>(tokens) / 3 * 1e6;
   state.counters["outside_nodes_us_per_hop"] =
       (t_remote - t_nodes) / static_cast<double>(tokens) / 3 * 1e6;
+  // The same comparison in CPU time (client + nodes vs the in-process run):
+  // insensitive to how a busy machine schedules sleeping vs busy processes.
+  state.counters["cpu_ratio"] = cpu_local / cpu_remote;
+  state.counters["cpu_overhead_us_per_hop"] =
+      (cpu_remote - cpu_local) / static_cast<double>(tokens) / 3 * 1e6;
 }
-BENCHMARK(BM_Mesh768)->Arg(32)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Mesh768)->Arg(128)->Iterations(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 struct TinyNode {
   rpc::testing::ScratchDir dir;

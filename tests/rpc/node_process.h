@@ -68,6 +68,7 @@ class NodeProcess {
   const std::string& metrics_address() const { return metrics_address_; }
   std::string port() const { return address_.substr(address_.rfind(':') + 1); }
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   // Sends `sig` and reaps the child within `timeout_s` (SIGKILL after that).
   // Returns the wait status.
