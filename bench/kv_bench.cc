@@ -41,9 +41,9 @@ namespace {
 constexpr int kLayers = 4;
 constexpr int kHeads = 8;
 constexpr int kDim = 64;
-constexpr int kRowFloats = kHeads * kDim;                  // (n_kv_heads, head_dim)
-constexpr size_t kRowBytes = kRowFloats * sizeof(float);   // 2 KiB per layer, K or V
-constexpr int64_t kTokenBytes = 2 * kLayers * kRowBytes;   // 16 KiB
+constexpr int kRowFloats = kHeads * kDim;                 // (n_kv_heads, head_dim)
+constexpr size_t kRowBytes = kRowFloats * sizeof(float);  // 2 KiB per layer, K or V
+constexpr int64_t kTokenBytes = 2 * kLayers * kRowBytes;  // 16 KiB
 
 using Clock = std::chrono::steady_clock;
 
@@ -367,8 +367,9 @@ void BM_ChurnReserved(benchmark::State& state) {
       reserved += static_cast<double>(st.bytes_reserved);
       logical += static_cast<double>(st.bytes_in_use);
       for (const Slot& x : slots) {
-        doubling += static_cast<double>(x.len == 0 ? 0 : std::bit_ceil(static_cast<uint64_t>(x.len))) *
-                    kTokenBytes;
+        doubling +=
+            static_cast<double>(x.len == 0 ? 0 : std::bit_ceil(static_cast<uint64_t>(x.len))) *
+            kTokenBytes;
       }
       ++samples;
     }
@@ -423,11 +424,17 @@ void BM_DisjointAppend(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_DisjointAppend)
-    ->Arg(0)->Threads(1)->Threads(2)
-    ->UseRealTime()->Unit(benchmark::kNanosecond);
+    ->Arg(0)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_DisjointAppend)
-    ->Arg(1)->Threads(1)->Threads(2)
-    ->UseRealTime()->Unit(benchmark::kNanosecond);
+    ->Arg(1)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kNanosecond);
 
 }  // namespace
 }  // namespace meshnet::kv

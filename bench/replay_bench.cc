@@ -54,14 +54,14 @@ constexpr int kLayers = 4, kHeads = 8, kDim = 64;
 std::string DecodeTrace() {
   const long bpt = 2L * kHeads * kDim * 4 * kLayers;
   std::ostringstream t;
-  t << R"({"op":"config","budget_bytes":)" << bpt * kSessions * kTokens
-    << R"(,"max_sessions":)" << kSessions
-    << R"(,"ttl_seconds":0.0,"miss_history":256,"block_tokens":1,"recipe":{)"
+  t << R"({"op":"config","budget_bytes":)" << bpt * kSessions * kTokens << R"(,"max_sessions":)"
+    << kSessions << R"(,"ttl_seconds":0.0,"miss_history":256,"block_tokens":1,"recipe":{)"
     << R"("architecture_adapter":"llama","kv_dtype":"float32","n_kv_heads":)" << kHeads
     << R"(,"head_dim":)" << kDim << R"(,"total_layers":32,"start_layer":0,"end_layer":)"
     << kLayers - 1 << "}}\n";
   for (int s = 0; s < kSessions; ++s) {
-    t << R"({"op":"open","t":0.0,"session":"decode-)" << s << R"(","epoch":0})" << "\n";
+    t << R"({"op":"open","t":0.0,"session":"decode-)" << s << R"(","epoch":0})"
+      << "\n";
   }
   for (int pos = 0; pos < kTokens; ++pos) {
     for (int s = 0; s < kSessions; ++s) {
@@ -69,7 +69,8 @@ std::string DecodeTrace() {
         << R"(","epoch":0,"tokens":1,"expected_seq_len":)" << pos << "}\n";
     }
   }
-  t << R"({"op":"stats"})" << "\n";
+  t << R"({"op":"stats"})"
+    << "\n";
   return t.str();
 }
 
@@ -85,8 +86,7 @@ double ChildrenCpuSeconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 double WallSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::string Env(const char* name, const char* fallback) {
@@ -101,8 +101,8 @@ struct Run {
 // `python reference < in > out`; CPU and wall seconds, cpu < 0 on failure.
 Run RunReference(const std::string& python, const std::string& reference,
                  const std::filesystem::path& in, const std::filesystem::path& out) {
-  const std::string cmd = "'" + python + "' '" + reference + "' < '" + in.string() + "' > '" +
-                          out.string() + "'";
+  const std::string cmd =
+      "'" + python + "' '" + reference + "' < '" + in.string() + "' > '" + out.string() + "'";
   const double c0 = ChildrenCpuSeconds(), w0 = WallSeconds();
   const int rc = std::system(cmd.c_str());
   Run r;

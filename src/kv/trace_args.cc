@@ -18,16 +18,22 @@ constexpr double kTwo63 = 9223372036854775808.0;
 // Python's `v < k` / `v <= k` for a bool, int or float v and a small int k.
 bool PyLess(const JsonValue& v, int64_t k) {
   switch (v.type) {
-    case JsonType::kBool: return (v.boolean ? 1 : 0) < k;
-    case JsonType::kInt: return v.integer < k;  // big ints are clamped, sign kept
-    default: return v.number < static_cast<double>(k);  // NaN compares false
+    case JsonType::kBool:
+      return (v.boolean ? 1 : 0) < k;
+    case JsonType::kInt:
+      return v.integer < k;  // big ints are clamped, sign kept
+    default:
+      return v.number < static_cast<double>(k);  // NaN compares false
   }
 }
 bool PyLessEq(const JsonValue& v, int64_t k) {
   switch (v.type) {
-    case JsonType::kBool: return (v.boolean ? 1 : 0) <= k;
-    case JsonType::kInt: return v.integer <= k;
-    default: return v.number <= static_cast<double>(k);
+    case JsonType::kBool:
+      return (v.boolean ? 1 : 0) <= k;
+    case JsonType::kInt:
+      return v.integer <= k;
+    default:
+      return v.number <= static_cast<double>(k);
   }
 }
 
@@ -36,8 +42,10 @@ bool PyLessEq(const JsonValue& v, int64_t k) {
 // NaN compares false like +inf.
 int64_t FloorClamp(const JsonValue& v) {
   switch (v.type) {
-    case JsonType::kBool: return v.boolean ? 1 : 0;
-    case JsonType::kInt: return v.integer;
+    case JsonType::kBool:
+      return v.boolean ? 1 : 0;
+    case JsonType::kInt:
+      return v.integer;
     default: {
       const double f = v.number;
       if (std::isnan(f) || f >= kTwo63) return kInt64Max;
@@ -49,11 +57,13 @@ int64_t FloorClamp(const JsonValue& v) {
 
 double ToDouble(const JsonValue& v) {
   switch (v.type) {
-    case JsonType::kBool: return v.boolean ? 1.0 : 0.0;
+    case JsonType::kBool:
+      return v.boolean ? 1.0 : 0.0;
     case JsonType::kInt:
       return v.big ? std::strtod(std::string(v.text).c_str(), nullptr)
                    : static_cast<double>(v.integer);
-    default: return v.number;
+    default:
+      return v.number;
   }
 }
 
@@ -76,14 +86,14 @@ struct DtypeAlias {
   KvDtype dtype;
 };
 constexpr DtypeAlias kDtypeAliases[] = {
-    {"float32", KvDtype::kF32}, {"single", KvDtype::kF32}, {"f", KvDtype::kF32},
-    {"f4", KvDtype::kF32},      {"<f", KvDtype::kF32},     {"<f4", KvDtype::kF32},
-    {">f", KvDtype::kF32},      {">f4", KvDtype::kF32},    {"=f", KvDtype::kF32},
-    {"=f4", KvDtype::kF32},     {"|f", KvDtype::kF32},     {"|f4", KvDtype::kF32},
-    {"float16", KvDtype::kF16}, {"half", KvDtype::kF16},   {"e", KvDtype::kF16},
-    {"f2", KvDtype::kF16},      {"<e", KvDtype::kF16},     {"<f2", KvDtype::kF16},
-    {">e", KvDtype::kF16},      {">f2", KvDtype::kF16},    {"=e", KvDtype::kF16},
-    {"=f2", KvDtype::kF16},     {"|e", KvDtype::kF16},     {"|f2", KvDtype::kF16},
+    {"float32", KvDtype::kF32},   {"single", KvDtype::kF32}, {"f", KvDtype::kF32},
+    {"f4", KvDtype::kF32},        {"<f", KvDtype::kF32},     {"<f4", KvDtype::kF32},
+    {">f", KvDtype::kF32},        {">f4", KvDtype::kF32},    {"=f", KvDtype::kF32},
+    {"=f4", KvDtype::kF32},       {"|f", KvDtype::kF32},     {"|f4", KvDtype::kF32},
+    {"float16", KvDtype::kF16},   {"half", KvDtype::kF16},   {"e", KvDtype::kF16},
+    {"f2", KvDtype::kF16},        {"<e", KvDtype::kF16},     {"<f2", KvDtype::kF16},
+    {">e", KvDtype::kF16},        {">f2", KvDtype::kF16},    {"=e", KvDtype::kF16},
+    {"=f2", KvDtype::kF16},       {"|e", KvDtype::kF16},     {"|f2", KvDtype::kF16},
     {"bfloat16", KvDtype::kBF16},  // our extension; numpy has no bfloat16
 };
 
@@ -130,8 +140,10 @@ bool NonNegativeIntArg(const JsonValue& v, int64_t* out) {
 std::optional<int64_t> ExpectedSeqLenArg(const JsonValue* v) {
   if (v == nullptr || v->type == JsonType::kNull) return std::nullopt;
   switch (v->type) {
-    case JsonType::kBool: return v->boolean ? 1 : 0;
-    case JsonType::kInt: return (!v->big && v->integer >= 0) ? v->integer : kNeverSeqLen;
+    case JsonType::kBool:
+      return v->boolean ? 1 : 0;
+    case JsonType::kInt:
+      return (!v->big && v->integer >= 0) ? v->integer : kNeverSeqLen;
     case JsonType::kFloat: {
       const double f = v->number;
       if (std::isfinite(f) && f >= 0 && f == std::floor(f) && f < kTwo63) {
@@ -139,14 +151,17 @@ std::optional<int64_t> ExpectedSeqLenArg(const JsonValue* v) {
       }
       return kNeverSeqLen;
     }
-    default: return kNeverSeqLen;  // a str, list or dict is never == an int
+    default:
+      return kNeverSeqLen;  // a str, list or dict is never == an int
   }
 }
 
 int64_t TruncateLengthArg(const JsonValue& v) {
   switch (v.type) {
-    case JsonType::kBool: return v.boolean ? 1 : 0;
-    case JsonType::kInt: return v.big ? (v.integer < 0 ? -1 : kInt64Max) : v.integer;
+    case JsonType::kBool:
+      return v.boolean ? 1 : 0;
+    case JsonType::kInt:
+      return v.big ? (v.integer < 0 ? -1 : kInt64Max) : v.integer;
     case JsonType::kFloat: {
       const double f = v.number;
       // `f < 0` raises ValueError; int(nan) raises ValueError; int(inf) raises
@@ -154,7 +169,8 @@ int64_t TruncateLengthArg(const JsonValue& v) {
       if (!std::isfinite(f) || f < 0) return -1;
       return f >= kTwo63 ? kInt64Max : static_cast<int64_t>(f);  // int() truncates
     }
-    default: return -1;  // `"3" < 0` / `None < 0` raise TypeError
+    default:
+      return -1;  // `"3" < 0` / `None < 0` raise TypeError
   }
 }
 
@@ -167,24 +183,34 @@ bool ClockArg(const JsonValue& v, double* out) {
     case JsonType::kInt:
       *out = ToDouble(v);
       return std::isfinite(*out);  // float(huge int) raises OverflowError
-    case JsonType::kString: return ParsePyFloatString(v.text, out);
-    default: return false;
+    case JsonType::kString:
+      return ParsePyFloatString(v.text, out);
+    default:
+      return false;
   }
 }
 
 SessionKind SessionKeyArg(const JsonValue& v, std::string* key) {
   key->assign("\xff");
   switch (v.type) {
-    case JsonType::kString: key->clear(); return SessionKind::kStr;
+    case JsonType::kString:
+      key->clear();
+      return SessionKind::kStr;
     case JsonType::kArray:
-    case JsonType::kObject: return SessionKind::kUnhashable;
-    case JsonType::kNull: key->append("None"); return SessionKind::kOther;
-    case JsonType::kBool: key->append(v.boolean ? "#1" : "#0"); return SessionKind::kOther;
+    case JsonType::kObject:
+      return SessionKind::kUnhashable;
+    case JsonType::kNull:
+      key->append("None");
+      return SessionKind::kOther;
+    case JsonType::kBool:
+      key->append(v.boolean ? "#1" : "#0");
+      return SessionKind::kOther;
     case JsonType::kInt:
       key->push_back('#');
       key->append(v.text);
       return SessionKind::kOther;
-    default: break;
+    default:
+      break;
   }
   const double f = v.number;
   if (std::isnan(f)) {

@@ -60,11 +60,11 @@ bool ConfigArgs(const JsonDocument& doc, const JsonValue& op, HotKvStateConfig* 
 
 // A recipe object as make_recipe + KvCacheRecipe.__post_init__ see it.
 struct TraceRecipe {
-  std::string fingerprint;       // the reference's fingerprint of the trace's values
-  bool storable = false;         // representable by a KvCacheRecipe
-  KvCacheRecipe recipe;          // valid when storable
+  std::string fingerprint;             // the reference's fingerprint of the trace's values
+  bool storable = false;               // representable by a KvCacheRecipe
+  KvCacheRecipe recipe;                // valid when storable
   bool float_bytes_per_token = false;  // Python would compute a float (float geometry)
-  double bytes_per_token = 0;    // that float
+  double bytes_per_token = 0;          // that float
 };
 // False for invalid-argument.
 bool ParseTraceRecipe(const JsonDocument& doc, const JsonValue& obj, TraceRecipe* out);

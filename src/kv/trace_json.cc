@@ -72,7 +72,13 @@ uint32_t NextCodePoint(std::string_view s, size_t* i) {
 bool IsPySpace(uint32_t cp) {
   if (cp < 0x80) return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20);
   switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:
@@ -162,14 +168,30 @@ bool JsonDocument::ParseString(std::string_view* out) {
     const char e = in_[i + 1];
     i += 2;
     switch (e) {
-      case '"': arena_.push_back('"'); break;
-      case '\\': arena_.push_back('\\'); break;
-      case '/': arena_.push_back('/'); break;
-      case 'b': arena_.push_back('\b'); break;
-      case 'f': arena_.push_back('\f'); break;
-      case 'n': arena_.push_back('\n'); break;
-      case 'r': arena_.push_back('\r'); break;
-      case 't': arena_.push_back('\t'); break;
+      case '"':
+        arena_.push_back('"');
+        break;
+      case '\\':
+        arena_.push_back('\\');
+        break;
+      case '/':
+        arena_.push_back('/');
+        break;
+      case 'b':
+        arena_.push_back('\b');
+        break;
+      case 'f':
+        arena_.push_back('\f');
+        break;
+      case 'n':
+        arena_.push_back('\n');
+        break;
+      case 'r':
+        arena_.push_back('\r');
+        break;
+      case 't':
+        arena_.push_back('\t');
+        break;
       case 'u': {
         uint32_t cp;
         if (!read_hex4(i, &cp)) return false;
@@ -245,8 +267,8 @@ bool JsonDocument::ParseNumber(uint32_t* out) {
   const auto r = std::from_chars(lit.data(), lit.data() + lit.size(), val.integer);
   if (r.ec == std::errc::result_out_of_range) {
     val.big = true;
-    val.integer = negative ? std::numeric_limits<int64_t>::min()
-                           : std::numeric_limits<int64_t>::max();
+    val.integer =
+        negative ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
   }
   *out = v;
   return true;
@@ -390,7 +412,7 @@ bool IsValidUtf8(std::string_view s) {
       i += 3;
     } else if (c >= 0xF0 && c <= 0xF4) {
       if (!cont(1) || !cont(2) || !cont(3)) return false;
-      if (c == 0xF0 && c1 < 0x90) return false;  // overlong
+      if (c == 0xF0 && c1 < 0x90) return false;   // overlong
       if (c == 0xF4 && c1 >= 0x90) return false;  // above U+10FFFF
       i += 4;
     } else {
@@ -492,13 +514,27 @@ void AppendPyJsonString(std::string_view s, std::string* out) {
     }
     ++i;
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\b':
+        out->append("\\b");
+        break;
+      case '\f':
+        out->append("\\f");
+        break;
       default:
         if (c < 0x20) {
           out->append("\\u00");

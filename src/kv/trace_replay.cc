@@ -319,7 +319,8 @@ class TraceReplayer::Impl {
   }
   static uint64_t RowC(uint64_t base, int layer, int64_t pos) {
     return (base + 131 * static_cast<uint64_t>(layer % 1000) +
-            17 * static_cast<uint64_t>(pos % 1000)) % 1000;
+            17 * static_cast<uint64_t>(pos % 1000)) %
+           1000;
   }
 
   void AppendRows(std::string_view id, int64_t epoch, int64_t tokens, const KvCacheRecipe* recipe,
@@ -338,9 +339,11 @@ class TraceReplayer::Impl {
       for (int64_t t = 0; t < tokens; ++t) {
         const uint64_t c = RowC(base, layer, start + t);
         FillRow(reinterpret_cast<uint8_t*>(k + t * row),
-                reinterpret_cast<const uint8_t*>(tables_.k_f32.data()), 4, c, r.n_kv_heads, r.head_dim);
+                reinterpret_cast<const uint8_t*>(tables_.k_f32.data()), 4, c, r.n_kv_heads,
+                r.head_dim);
         FillRow(reinterpret_cast<uint8_t*>(v + t * row),
-                reinterpret_cast<const uint8_t*>(tables_.v_f32.data()), 4, c, r.n_kv_heads, r.head_dim);
+                reinterpret_cast<const uint8_t*>(tables_.v_f32.data()), 4, c, r.n_kv_heads,
+                r.head_dim);
       }
       layer_kv_[i] = LayerKv{layer, tokens, {k, plane}, {v, plane}};
     }
@@ -404,7 +407,8 @@ class TraceReplayer::Impl {
     const bool released = manager_->Release(id, epoch);
     KeyFor(id, epoch);
     seq_len_.erase(key_scratch_);
-    out->append(released ? "{\"ok\":true,\"released\":true}\n" : "{\"ok\":true,\"released\":false}\n");
+    out->append(released ? "{\"ok\":true,\"released\":true}\n"
+                         : "{\"ok\":true,\"released\":false}\n");
   }
 
   void Lookup(const JsonValue& op, bool strict, std::string* out) {
@@ -479,7 +483,7 @@ class TraceReplayer::Impl {
   std::string session_scratch_;
   bool non_str_session_ = false;  // this op's session id is not a str
   RowTables tables_;
-  std::vector<float> scratch_;               // per owned layer: K then V (tokens, heads, dim)
+  std::vector<float> scratch_;  // per owned layer: K then V (tokens, heads, dim)
   std::vector<LayerKv> layer_kv_;
   std::unordered_map<std::string, int64_t> seq_len_;
   size_t prune_at_ = 1024;

@@ -65,9 +65,10 @@ TEST(TraceJson, AcceptsWhatJsonLoadsAccepts) {
 TEST(TraceJson, RefusesWhatJsonLoadsRefuses) {
   JsonDocument d;
   for (const char* bad :
-       {"", "   ", "{", "{\"a\":1,}", "[1,]", "{'a':1}", "01", "1.", ".5", "+1", "-", "1e",
-        "{\"a\":1} x", "nan", "infinity", "-NaN", "\"\t\"", "\"\\x\"", "\"\\u12g4\"",
-        "{1:2}", "\xef\xbb\xbf{}", "{\"a\" 1}", "tru", "[1 2]"}) {
+       {"",          "   ",  "{",      "{\"a\":1,}", "[1,]",        "{'a':1}",     "01",
+        "1.",        ".5",   "+1",     "-",          "1e",          "{\"a\":1} x", "nan",
+        "infinity",  "-NaN", "\"\t\"", "\"\\x\"",    "\"\\u12g4\"", "{1:2}",       "\xef\xbb\xbf{}",
+        "{\"a\" 1}", "tru",  "[1 2]"}) {
     EXPECT_FALSE(d.Parse(bad)) << bad;
   }
   EXPECT_FALSE(d.Parse(std::string(4301, '7')));  // Python's int digit limit
@@ -96,7 +97,10 @@ TEST(TraceJson, FloatReprMatchesPython) {
 }
 
 TEST(TraceJson, StringEscapesMatchJsonDumps) {
-  EXPECT_EQ(Dumps("s\xc3\xa9" "ance-\xc3\xbc"), "\"s\xc3\xa9" "ance-\xc3\xbc\"");  // raw UTF-8
+  EXPECT_EQ(Dumps("s\xc3\xa9"
+                  "ance-\xc3\xbc"),
+            "\"s\xc3\xa9"
+            "ance-\xc3\xbc\"");  // raw UTF-8
   EXPECT_EQ(Dumps(std::string("a\"b\\c\n\r\t\b\f\x01\x1f\x7f", 13)),
             "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001f\x7f\"");
   EXPECT_EQ(Dumps(std::string("\0", 1)), "\"\\u0000\"");
@@ -107,10 +111,10 @@ TEST(TraceJson, PythonStrHelpers) {
   EXPECT_TRUE(trace::IsPyBlank(""));
   EXPECT_TRUE(trace::IsPyBlank(" \t\x0b\x0c\x1c\x1f"));
   EXPECT_TRUE(trace::IsPyBlank("\xe3\x80\x80\xc2\xa0"));  // U+3000, U+00A0
-  EXPECT_FALSE(trace::IsPyBlank("\xe2\x80\x8b"));          // U+200B is not a space
-  EXPECT_FALSE(trace::IsValidUtf8("\xed\xa0\x80"));        // an encoded surrogate
-  EXPECT_FALSE(trace::IsValidUtf8("\xc0\xaf"));            // overlong
-  EXPECT_FALSE(trace::IsValidUtf8("\xf4\x90\x80\x80"));    // above U+10FFFF
+  EXPECT_FALSE(trace::IsPyBlank("\xe2\x80\x8b"));         // U+200B is not a space
+  EXPECT_FALSE(trace::IsValidUtf8("\xed\xa0\x80"));       // an encoded surrogate
+  EXPECT_FALSE(trace::IsValidUtf8("\xc0\xaf"));           // overlong
+  EXPECT_FALSE(trace::IsValidUtf8("\xf4\x90\x80\x80"));   // above U+10FFFF
   EXPECT_TRUE(trace::IsValidUtf8("\xf0\x9f\x98\x80"));
   double v = 0;
   EXPECT_TRUE(trace::ParsePyFloatString(" 1_000.5\xe3\x80\x80", &v));
@@ -138,8 +142,8 @@ TEST(TraceArgs, ExpectedSeqLenComparesLikePythonNotEqual) {
   EXPECT_EQ(expected("3.0"), 3);
   EXPECT_EQ(expected("true"), 1);
   EXPECT_EQ(expected("false"), 0);
-  for (const char* never : {"\"3\"", "3.5", "-1", "NaN", "[3]", "{}", "1e300",
-                            "99999999999999999999999"}) {
+  for (const char* never :
+       {"\"3\"", "3.5", "-1", "NaN", "[3]", "{}", "1e300", "99999999999999999999999"}) {
     EXPECT_EQ(expected(never), trace::kNeverSeqLen) << never;
   }
 }
@@ -189,8 +193,8 @@ TEST(TraceArgs, NonStrSessionKeysUsePythonEquality) {
 std::string SpecFingerprint(const std::string& heads, const std::string& dtype) {
   return Sha256Hex(
       "{\"architecture_adapter\":\"llama\",\"boundary_schema_version\":1,\"end_layer\":3,"
-      "\"head_dim\":2,\"kind\":\"hot-kv-recipe\",\"kv_dtype\":\"" + dtype +
-      "\",\"n_kv_heads\":" + heads + ",\"start_layer\":2,\"total_layers\":4}");
+      "\"head_dim\":2,\"kind\":\"hot-kv-recipe\",\"kv_dtype\":\"" +
+      dtype + "\",\"n_kv_heads\":" + heads + ",\"start_layer\":2,\"total_layers\":4}");
 }
 
 TEST(TraceArgs, RecipeFingerprintHashesThePythonValues) {
@@ -217,7 +221,7 @@ TEST(TraceArgs, RecipeFingerprintHashesThePythonValues) {
   ASSERT_TRUE(parse("llama", "float32", "2.0", &r));
   EXPECT_EQ(r.fingerprint, SpecFingerprint("2.0", "float32"));
   EXPECT_TRUE(r.float_bytes_per_token);
-  EXPECT_EQ(r.bytes_per_token, 64.0);  // 2 * 2.0 * 2 * 4 * 2 layers
+  EXPECT_EQ(r.bytes_per_token, 64.0);                 // 2 * 2.0 * 2 * 4 * 2 layers
   ASSERT_TRUE(parse("llama", "float32", "2.5", &r));  // valid in Python, not storable
   EXPECT_FALSE(r.storable);
   EXPECT_FALSE(parse("mistral", "float32", "1", &r));
@@ -260,15 +264,17 @@ std::string ChecksumOfA() {
 TEST(TraceReplayer, AppendedRowsFollowTheSpecFormula) {
   for (auto path : {ReplayAppendPath::kAppend, ReplayAppendPath::kStep}) {
     TraceReplayer r(path);
-    EXPECT_EQ(r.Step(kConfig),
-              R"({"ok":true,"fingerprint":"bdc1fda85dfd29db05f5c0288a8dab7ed8bb2b9ead8216dea70e131e652443a3","bytes_per_token":32})");
+    EXPECT_EQ(
+        r.Step(kConfig),
+        R"({"ok":true,"fingerprint":"bdc1fda85dfd29db05f5c0288a8dab7ed8bb2b9ead8216dea70e131e652443a3","bytes_per_token":32})");
     EXPECT_EQ(r.Step(R"({"op":"open","session":"a","epoch":0})"), R"({"ok":true,"seq_len":0})");
     EXPECT_EQ(r.Step(R"({"op":"resolve","session":"a","epoch":0})"),
               R"({"ok":true,"seq_len":0,"checksum":"e3b0c44298fc1c14"})");
     EXPECT_EQ(r.Step(R"({"op":"append","session":"a","epoch":0,"tokens":1})"),
               R"({"ok":true,"seq_len":1})");
-    EXPECT_EQ(r.Step(R"({"op":"append","session":"a","epoch":0,"tokens":1,"expected_seq_len":1.0})"),
-              R"({"ok":true,"seq_len":2})");
+    EXPECT_EQ(
+        r.Step(R"({"op":"append","session":"a","epoch":0,"tokens":1,"expected_seq_len":1.0})"),
+        R"({"ok":true,"seq_len":2})");
     EXPECT_EQ(r.Step(R"({"op":"get","session":"a","epoch":0})"),
               R"({"ok":true,"seq_len":2,"checksum":")" + ChecksumOfA() + "\"}");
   }
@@ -311,9 +317,9 @@ TEST(TraceReplayer, BadLinesAnswerInvalidArgumentAndChangeNothing) {
             R"({"ok":true,"seq_len":0})");
   EXPECT_EQ(r.Step(""), "");
   EXPECT_EQ(r.Step(" \t\xe3\x80\x80"), "");
-  for (const char* bad : {"{not json", "[1,2]", "7", "\"stats\"", "\xff\xfe",
-                          R"({"op":"stats","t":null})", R"({"op":"stats","t":"soon"})",
-                          R"({"op":"stats","t":99.0} trailing)"}) {
+  for (const char* bad :
+       {"{not json", "[1,2]", "7", "\"stats\"", "\xff\xfe", R"({"op":"stats","t":null})",
+        R"({"op":"stats","t":"soon"})", R"({"op":"stats","t":99.0} trailing)"}) {
     EXPECT_EQ(r.Step(bad), R"({"error":"invalid-argument"})") << bad;
   }
   // None of those moved the clock past the TTL (10 s).
@@ -345,8 +351,7 @@ TEST(TraceReplayer, PythonTypingOfArguments) {
   // Stale epoch wins over the missing-context answer.
   EXPECT_EQ(r.Step(R"({"op":"resolve","session":"a","epoch":0})"), R"({"error":"stale-epoch"})");
   // Release of a non-str key, found again by an equal key.
-  EXPECT_EQ(r.Step(R"({"op":"release","session":1,"epoch":0})"),
-            R"({"ok":true,"released":false})");
+  EXPECT_EQ(r.Step(R"({"op":"release","session":1,"epoch":0})"), R"({"ok":true,"released":false})");
   EXPECT_EQ(r.Step(R"({"op":"resolve","session":true,"epoch":0})"), R"({"miss":"released"})");
   // A raised miss formats session_id[:8]: TypeError for a non-str id.
   EXPECT_EQ(r.Step(R"({"op":"get","session":1.0,"epoch":0})"), invalid);
@@ -375,8 +380,8 @@ TEST(TraceReplayer, AppendAndStepPathsAgree) {
     double t = 0;
     for (int i = 0; i < 400; ++i) {
       t += 0.25 * (rng() % 3);
-      trace << "{\"op\":\"" << ops[rng() % 7] << "\",\"t\":" << t << ",\"session\":\"s"
-            << rng() % 4 << "\",\"epoch\":" << rng() % 2 << ",\"tokens\":" << rng() % 5
+      trace << "{\"op\":\"" << ops[rng() % 7] << "\",\"t\":" << t << ",\"session\":\"s" << rng() % 4
+            << "\",\"epoch\":" << rng() % 2 << ",\"tokens\":" << rng() % 5
             << ",\"length\":" << rng() % 6 << "}\n";
     }
     std::istringstream in1(trace.str()), in2(trace.str());
