@@ -1,9 +1,40 @@
 #include "kv/block_pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cassert>
+#include <cstdint>
+#include <new>
 
 namespace meshnet::kv {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Anonymous memory for a slab: zero pages that the kernel fills on first
+// touch (no eager zeroing), 2 MiB-aligned and advised as transparent huge
+// pages when at least one huge page long, which cuts first-touch faults 512x.
+uint8_t* MapSlab(size_t bytes, size_t* mapped) {
+  const bool huge = bytes >= kHugePage;
+  const size_t unit = huge ? kHugePage : kPage;
+  const size_t len = (bytes + unit - 1) / unit * unit;
+  const size_t slack = huge ? kHugePage : 0;  // room to align the start
+  void* p = mmap(nullptr, len + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t aligned = huge ? (start + kHugePage - 1) & ~(kHugePage - 1) : start;
+  if (aligned > start) munmap(p, aligned - start);
+  const uintptr_t end = start + len + slack;
+  if (end > aligned + len) munmap(reinterpret_cast<void*>(aligned + len), end - (aligned + len));
+  if (huge) madvise(reinterpret_cast<void*>(aligned), len, MADV_HUGEPAGE);  // a hint; may fail
+  *mapped = len;
+  return reinterpret_cast<uint8_t*>(aligned);
+}
+
+}  // namespace
 
 BlockPool::BlockPool(size_t block_bytes, int64_t capacity_blocks, size_t slab_bytes)
     : block_bytes_(std::max<size_t>(block_bytes, 1)),
@@ -23,13 +54,17 @@ uint8_t* BlockPool::Allocate() {
   // throw after the slab is taken.
   free_.reserve(static_cast<size_t>(allocated_ + n));
   slabs_.reserve(slabs_.size() + 1);
-  auto slab = std::make_unique<uint8_t[]>(static_cast<size_t>(n) * stride_);  // zeroed
-  uint8_t* base = slab.get();
-  slabs_.push_back(std::move(slab));
+  size_t mapped = 0;
+  uint8_t* base = MapSlab(static_cast<size_t>(n) * stride_, &mapped);  // zero pages
+  slabs_.push_back({base, mapped});
   // Push in reverse so blocks are handed out in address order.
   for (int64_t i = n - 1; i >= 1; --i) free_.push_back(base + static_cast<size_t>(i) * stride_);
   allocated_ += n;
   return base;
+}
+
+BlockPool::~BlockPool() {
+  for (const Slab& s : slabs_) munmap(s.base, s.bytes);
 }
 
 void BlockPool::Free(uint8_t* block) {

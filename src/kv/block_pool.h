@@ -6,8 +6,9 @@
 // `capacity_blocks` blocks; memory is taken from the allocator in slabs of
 // about `slab_bytes` only when the free list is empty, so a large budget is
 // never preallocated. Freed blocks go on a LIFO free list and are reused
-// first (O(1) allocate and free). Slab memory returns to the allocator only
-// when the pool is destroyed. Blocks are 16-byte aligned (the stride is
+// first (O(1) allocate and free). Slabs are anonymous mappings (zero pages
+// filled on first touch, 2 MiB-aligned transparent huge pages when large), and
+// return to the system only when the pool is destroyed. Blocks are 16-byte aligned (the stride is
 // block_bytes rounded up to 16; accounting uses block_bytes).
 //
 // Thread-safety: not thread-safe; HotKvStateManager guards it with its mutex.
@@ -22,10 +23,11 @@ namespace meshnet::kv {
 
 class BlockPool {
  public:
-  static constexpr size_t kDefaultSlabBytes = size_t{1} << 20;
+  static constexpr size_t kDefaultSlabBytes = size_t{2} << 20;
 
   // block_bytes >= 1, capacity_blocks >= 0, slab_bytes >= 1.
   BlockPool(size_t block_bytes, int64_t capacity_blocks, size_t slab_bytes = kDefaultSlabBytes);
+  ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
@@ -49,7 +51,11 @@ class BlockPool {
   int64_t capacity_;
   int64_t blocks_per_slab_;
   int64_t allocated_ = 0;
-  std::vector<std::unique_ptr<uint8_t[]>> slabs_;
+  struct Slab {
+    uint8_t* base;
+    size_t bytes;
+  };
+  std::vector<Slab> slabs_;
   std::vector<uint8_t*> free_;  // LIFO
 };
 

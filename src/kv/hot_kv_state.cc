@@ -342,11 +342,16 @@ int64_t HotKvStateManager::Append(std::string_view session_id, int64_t route_epo
   }
   // Copy only the new rows, without the lock: the step owns them.
   const int64_t row = int64_t{m.n_kv_heads} * m.head_dim;
+  // Rows of consecutive positions inside one block are contiguous in its K and
+  // V planes, so each run up to a block boundary is one copy.
   for (const LayerKv& l : kv) {
     const ops::PagedKvLayer v = m.View(step.entry_, l.layer, step.start_pos_ + step.n_new_);
-    for (int64_t t = 0; t < step.n_new_; ++t) {
-      StoreRow(m.dtype, v.KRow(step.start_pos_ + t), l.keys.data() + t * row, row);
-      StoreRow(m.dtype, v.VRow(step.start_pos_ + t), l.values.data() + t * row, row);
+    for (int64_t t = 0; t < step.n_new_;) {
+      const int64_t pos = step.start_pos_ + t;
+      const int64_t run = std::min<int64_t>(step.n_new_ - t, v.block_tokens - pos % v.block_tokens);
+      StoreRow(m.dtype, v.KRow(pos), l.keys.data() + t * row, run * row);
+      StoreRow(m.dtype, v.VRow(pos), l.values.data() + t * row, run * row);
+      t += run;
     }
   }
   const int64_t end = step.start_pos_ + step.n_new_;
@@ -376,9 +381,12 @@ StepResult HotKvStateManager::BeginStep(std::string_view session_id, int64_t rou
   // the lock) so a computation that skips a row never publishes foreign KV.
   for (int layer = m.first_layer; layer < m.first_layer + m.num_layers; ++layer) {
     const ops::PagedKvLayer v = m.View(step.entry_, layer, step.start_pos_ + step.n_new_);
-    for (int64_t p = step.start_pos_; p < step.start_pos_ + step.n_new_; ++p) {
-      std::memset(v.KRow(p), 0, v.row_bytes);
-      std::memset(v.VRow(p), 0, v.row_bytes);
+    for (int64_t p = step.start_pos_; p < step.start_pos_ + step.n_new_;) {
+      const int64_t run =
+          std::min<int64_t>(step.start_pos_ + step.n_new_ - p, v.block_tokens - p % v.block_tokens);
+      std::memset(v.KRow(p), 0, static_cast<size_t>(run) * v.row_bytes);
+      std::memset(v.VRow(p), 0, static_cast<size_t>(run) * v.row_bytes);
+      p += run;
     }
   }
   return step;
