@@ -1,9 +1,10 @@
 // Matrix multiplication against GGUF weight matrices:
 //   y (n_tokens, rows) = x (n_tokens, cols) * W^T,   W (rows, cols) in any GgmlType.
 //
-// n_tokens == 1 is the decode matvec (memory-bandwidth bound: 4 weight rows are
-// streamed at once); n_tokens > 1 is prefill, where each weight row is decoded
-// once and reused across a tile of tokens. Rows are split over the pool.
+// n_tokens == 1 is the decode matvec (memory-bandwidth bound: each weight row
+// is one sequential stream); n_tokens > 1 is prefill, where each weight row is
+// decoded once per tile of tokens and reused across it. Rows are split over
+// the pool (small products run on the calling thread).
 //
 // Numerics:
 // - F32/F16/BF16 weights: float activations, float accumulation.
