@@ -40,7 +40,7 @@
 #include "kv/trace_replay.h"
 
 #ifndef MESHNET_SEED_REPLAY_DEFAULT
-#define MESHNET_SEED_REPLAY_DEFAULT "/work/shared/seed/seed_replay.py"
+#define MESHNET_SEED_REPLAY_DEFAULT "../shared/seed/seed_replay.py"
 #endif
 
 namespace meshnet::kv {

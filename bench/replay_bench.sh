@@ -15,7 +15,7 @@ meshnet=${1:?usage: replay_bench.sh MESHNET_BINARY [SESSIONS TOKENS]}
 sessions=${2:-8}
 tokens=${3:-1024}
 python=${MESHNET_REFERENCE_PYTHON:-/usr/bin/python3}
-reference=${MESHNET_SEED_REPLAY:-/work/shared/seed/seed_replay.py}
+reference=${MESHNET_SEED_REPLAY:-$(cd "$(dirname "$0")/.." && pwd)/../shared/seed/seed_replay.py}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -14,14 +14,14 @@
 #   --check       regenerate into a temporary directory and fail if any
 #                 committed expected output differs (nothing is written)
 #   --reference   seed_replay.py (default $MESHNET_SEED_REPLAY or
-#                 /work/shared/seed/seed_replay.py)
+#                 ../shared/seed/seed_replay.py beside the repository)
 #   --python      interpreter with numpy (default $MESHNET_REFERENCE_PYTHON or /usr/bin/python3)
 #   NAME...       only these goldens (e.g. ttl unicode); default all
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 golden="$root/tests/golden"
-reference=${MESHNET_SEED_REPLAY:-/work/shared/seed/seed_replay.py}
+reference=${MESHNET_SEED_REPLAY:-$(cd "$(dirname "$0")/.." && pwd)/../shared/seed/seed_replay.py}
 python=${MESHNET_REFERENCE_PYTHON:-/usr/bin/python3}
 check=0
 names=()

@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 INVALID = '{"error":"invalid-argument"}'
-DEFAULT_REFERENCE = "/work/shared/seed/seed_replay.py"
+DEFAULT_REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "seed", "seed_replay.py")
 
 
 def split_lines(data: bytes) -> list[bytes]:
