@@ -38,6 +38,8 @@
 #include <random>
 #include <tuple>
 #include <vector>
+
+#include "hwy/aligned_allocator.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -132,7 +134,12 @@ const Baselines& GetBaselines() {
   static const Baselines b = [] {
     Baselines out;
     const size_t n = kBandwidthBytes / sizeof(float);
-    std::vector<float> src(n, 1.0f), dst(n, 0.0f);
+    // 64-byte aligned (the probe's best case, so the roofline ratios are conservative).
+    auto src_buf = hwy::AllocateAligned<float>(n), dst_buf = hwy::AllocateAligned<float>(n);
+    float* src = src_buf.get();
+    float* dst = dst_buf.get();
+    std::fill(src, src + n, 1.0f);
+    std::fill(dst, dst + n, 0.0f);
     volatile float sink = 0;
     for (int threads : {1, 2}) {
       ThreadPool& pool = Pool(threads);
@@ -141,7 +148,7 @@ const Baselines& GetBaselines() {
         pool.ParallelFor(threads, [&](int64_t b0, int64_t b1) {
           for (int64_t k = b0; k < b1; ++k) {
             const size_t lo = n / threads * k, hi = k + 1 == threads ? n : n / threads * (k + 1);
-            parts[k] = HWY_DYNAMIC_DISPATCH(StreamSumImpl)(src.data() + lo, hi - lo);
+            parts[k] = HWY_DYNAMIC_DISPATCH(StreamSumImpl)(src + lo, hi - lo);
           }
         });
         sink = sink + parts[0] + parts[1];
@@ -149,9 +156,9 @@ const Baselines& GetBaselines() {
       out.read_bw[threads] = static_cast<double>(kBandwidthBytes) / t;
     }
     out.read_bw_cpu = static_cast<double>(kBandwidthBytes) / TimeBestCpu(5, [&] {
-                        sink = sink + HWY_DYNAMIC_DISPATCH(StreamSumImpl)(src.data(), n);
+                        sink = sink + HWY_DYNAMIC_DISPATCH(StreamSumImpl)(src, n);
                       });
-    const double t = TimeBest(3, [&] { std::memcpy(dst.data(), src.data(), kBandwidthBytes); });
+    const double t = TimeBest(3, [&] { std::memcpy(dst, src, kBandwidthBytes); });
     out.memcpy_bw = 2.0 * static_cast<double>(kBandwidthBytes) / t;
     return out;
   }();
@@ -171,8 +178,11 @@ BENCHMARK(BM_ReadBandwidth)->Iterations(1);
 
 // ---------------------------------------------------------------- matrices
 
+// Copies start 32 bytes past a 64-byte boundary, like GGUF tensor data
+// (general.alignment defaults to 32).
 struct Ring {
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> storage;
+  uint8_t* bytes = nullptr;
   std::vector<WeightMatrix> mats;
 };
 
@@ -193,11 +203,13 @@ const Ring& GetRing(GgmlType type, int64_t rows, int64_t cols) {
     ops::QuantizeRow(type, row.data(), cols, one.data() + r * row_bytes);
   }
   const size_t copies = std::max<size_t>(2, kRingBytes / mat_bytes);
-  slot->bytes.resize(copies * mat_bytes);
+  slot->storage.resize(copies * mat_bytes + 128);
+  uint8_t* raw = slot->storage.data();
+  slot->bytes = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64 + 32;
   for (size_t c = 0; c < copies; ++c)
-    std::memcpy(slot->bytes.data() + c * mat_bytes, one.data(), mat_bytes);
+    std::memcpy(slot->bytes + c * mat_bytes, one.data(), mat_bytes);
   for (size_t c = 0; c < copies; ++c) {
-    slot->mats.push_back(WeightMatrix{type, slot->bytes.data() + c * mat_bytes, rows, cols});
+    slot->mats.push_back(WeightMatrix{type, slot->bytes + c * mat_bytes, rows, cols});
   }
   return *slot;
 }

@@ -18,6 +18,7 @@
 #define HWY_TARGET_INCLUDE "ops/matmul_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Must come after foreach_target.h.
+#include <algorithm>
 #include <cstring>
 
 #include "hwy/highway.h"
@@ -374,12 +375,35 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
     for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
   int64_t i = 0;
   if constexpr (R * T == 1) {  // decode: 4 independent FMA chains hide the latency
+    // Align the weight stream to the load size: split loads cost ~30% of the
+    // bandwidth (GGUF aligns tensors to 32 bytes only). The first vector is
+    // loaded unaligned and masked to the `head` elements before the boundary.
+    constexpr size_t kLoadBytes = hn::MaxLanes(DF()) * sizeof(WT);
+    const auto addr = reinterpret_cast<uintptr_t>(rows[0]);
+    const auto head =
+        static_cast<int64_t>((kLoadBytes - addr % kLoadBytes) % kLoadBytes / sizeof(WT));
+    if (addr % sizeof(WT) == 0 && head > 0 && head + n <= cols) {
+      const auto m = hn::FirstN(df, static_cast<size_t>(head));
+      acc[0][0] = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0])),
+                             hn::IfThenElseZero(m, hn::LoadU(df, xs[0])), acc[0][0]);
+      i = head;
+    }
     auto a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (; i + 4 * n <= cols; i += 4 * n) {
       acc[0][0] = hn::MulAdd(LoadWeights(df, rows[0] + i), hn::LoadU(df, xs[0] + i), acc[0][0]);
       a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), hn::LoadU(df, xs[0] + i + n), a1);
       a2 = hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), hn::LoadU(df, xs[0] + i + 2 * n), a2);
       a3 = hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), hn::LoadU(df, xs[0] + i + 3 * n), a3);
+    }
+    for (; i + n <= cols; i += n) {
+      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i), hn::LoadU(df, xs[0] + i), a1);
+    }
+    if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
+      const int64_t last = cols - n;
+      const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - last)));
+      a2 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0] + last)),
+                      hn::IfThenElseZero(m, hn::LoadU(df, xs[0] + last)), a2);
+      i = cols;
     }
     acc[0][0] = hn::Add(hn::Add(acc[0][0], a1), hn::Add(a2, a3));
   }

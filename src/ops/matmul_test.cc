@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -172,6 +173,36 @@ TEST(MatMul, Q6_KMatchesReference) {
                                 {9, 256, 9},
                                 {70, 256, 2},
                                 {257, 1024, 1}});
+  });
+}
+
+TEST(MatMul, FloatWeightsAtEveryAlignment) {
+  // The decode kernel aligns the weight stream with a masked head and tail;
+  // place the matrix at every element offset within 64 bytes.
+  ForEachSimdTarget([] {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+      const int64_t elem = RowBytes(type, 1);
+      for (int64_t cols : {7, 33, 100, 515, 768}) {
+        Weights wt = MakeWeights(type, 3, cols, 21);
+        const std::vector<float> x = RandomActs(1, cols, 22);
+        std::vector<float> want(3);
+        MatMulReference(wt.w, x.data(), 1, want.data());
+        for (int64_t off = 0; off < 64; off += elem) {
+          std::vector<uint8_t> buf(wt.bytes.size() + 64 + 64);
+          uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) + off;
+          std::memcpy(base, wt.bytes.data(), wt.bytes.size());
+          const WeightMatrix w{type, base, 3, cols};
+          std::vector<float> y(3);
+          MatMul(w, x.data(), 1, y.data(), nullptr, nullptr);
+          for (int r = 0; r < 3; ++r) {
+            double mag = 0;
+            for (int64_t i = 0; i < cols; ++i) mag += std::fabs(wt.dequant[r * cols + i] * x[i]);
+            ASSERT_NEAR(y[r], want[r], 2e-5 * mag + 1e-6)
+                << GgmlTypeInfoOf(type).name << " cols " << cols << " offset " << off;
+          }
+        }
+      }
+    }
   });
 }
 
