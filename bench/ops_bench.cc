@@ -5,6 +5,7 @@
 // Baselines measured in the same run, before the benchmarks:
 //   read_bw[threads]  vectorized sum over a buffer far larger than the caches
 //   memcpy_bw         memcpy of such a buffer (read + write bytes)
+//   compute_scaling_2t  2-thread speedup of a pure FMA loop (what 2 threads can gain now)
 // Counters:
 //   weights_GBps  weight bytes streamed per second
 //   roofline      weight bytes/s divided by read_bw with the same thread count
@@ -99,7 +100,22 @@ struct Baselines {
   double read_bw[3] = {0, 0, 0};  // bytes/s with 1 and 2 threads
   double memcpy_bw = 0;           // (read + write) bytes/s, 1 thread
   double read_bw_cpu = 0;         // bytes per second of thread CPU time, 1 thread
+  double compute_scaling = 0;     // 2-thread speedup of an embarrassingly parallel FMA loop
 };
+
+// A latency-bound FMA loop with no memory traffic: the control for what two
+// threads can gain on this machine right now (shared or oversubscribed vCPUs
+// show ~1.0 here, and then no 2-thread kernel figure can exceed its 1-thread one).
+__attribute__((noinline)) float FmaChains(int64_t n) {
+  float a = 1, b = 1, c = 1, d = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    a = a * 1.0000001f + 1e-7f;
+    b = b * 0.9999999f + 1e-7f;
+    c = c * 1.0000001f - 1e-7f;
+    d = d * 0.9999999f - 1e-7f;
+  }
+  return a + b + c + d;
+}
 
 // CPU time of the calling thread: on a shared, oversubscribed machine the
 // single-thread figures are measured in it too (time spent descheduled is not
@@ -159,6 +175,16 @@ const Baselines& GetBaselines() {
                         sink = sink + HWY_DYNAMIC_DISPATCH(StreamSumImpl)(src, n);
                       });
     const double t = TimeBest(3, [&] { std::memcpy(dst, src, kBandwidthBytes); });
+    constexpr int64_t kFmaIters = 50'000'000;
+    const double one = TimeBest(3, [&] { sink = sink + FmaChains(kFmaIters); });
+    const double two = TimeBest(3, [&] {
+      float parts[2] = {0, 0};
+      Pool(2).ParallelFor(2, [&](int64_t b0, int64_t b1) {
+        for (int64_t k = b0; k < b1; ++k) parts[k] = FmaChains(kFmaIters);
+      });
+      sink = sink + parts[0] + parts[1];
+    });
+    out.compute_scaling = 2.0 * one / two;
     out.memcpy_bw = 2.0 * static_cast<double>(kBandwidthBytes) / t;
     return out;
   }();
@@ -173,6 +199,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["read_GBps_1t_cpu"] = b.read_bw_cpu / 1e9;
   state.counters["memcpy_GBps"] = b.memcpy_bw / 1e9;
   state.counters["read_vs_memcpy"] = b.read_bw[1] / b.memcpy_bw;
+  state.counters["compute_scaling_2t"] = b.compute_scaling;
 }
 BENCHMARK(BM_ReadBandwidth)->Iterations(1);
 
