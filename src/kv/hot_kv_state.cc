@@ -157,6 +157,19 @@ int64_t ValidateKv(const ManagerState& m, std::span<const LayerKv> kv) {
   return n;
 }
 
+// The lookup every reading op starts with (mu held), in the reference's
+// order: stale epoch (throws), TTL eviction at `now`, live lookup. A dead key
+// answers its recorded miss (counted).
+std::variant<SessionEntry*, CacheMiss> LookupLiveLocked(ManagerState& m, std::string_view id,
+                                                        int64_t epoch, double now) {
+  m.CheckStaleLocked(id, epoch);
+  m.EvictExpiredLocked(now);
+  if (SessionEntry* e = m.FindLiveLocked(id, epoch)) return e;
+  CacheMiss miss = m.RecordedMissLocked(id, epoch);
+  ++m.misses[static_cast<int>(miss.reason)];
+  return miss;
+}
+
 struct Begun {
   SessionEntry* entry;
   int64_t start_pos;
@@ -176,15 +189,10 @@ struct PinnedShortage {
 std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id, int64_t epoch,
                                            std::optional<int64_t> expected,
                                            const std::span<const LayerKv>* kv, int64_t n_new) {
-  m.CheckStaleLocked(id, epoch);
   const double now = m.NowLocked();
-  m.EvictExpiredLocked(now);
-  SessionEntry* e = m.FindLiveLocked(id, epoch);
-  if (e == nullptr) {
-    CacheMiss miss = m.RecordedMissLocked(id, epoch);
-    ++m.misses[static_cast<int>(miss.reason)];
-    return miss;
-  }
+  auto found = LookupLiveLocked(m, id, epoch, now);
+  if (auto* miss = std::get_if<CacheMiss>(&found)) return std::move(*miss);
+  SessionEntry* e = std::get<SessionEntry*>(found);
   if (e->step_active) {
     throw Error(ErrorKind::kSessionBusy, "session " + ShortSessionId(id) + " epoch " +
                                              std::to_string(epoch) +
@@ -398,15 +406,10 @@ int64_t HotKvStateManager::Truncate(std::string_view session_id, int64_t route_e
   ManagerState& m = *impl_;
   std::lock_guard lock(m.mu);
   IdTrimmer trim{m};
-  m.CheckStaleLocked(session_id, route_epoch);
   const double now = m.NowLocked();
-  m.EvictExpiredLocked(now);
-  SessionEntry* e = m.FindLiveLocked(session_id, route_epoch);
-  if (e == nullptr) {
-    CacheMiss miss = m.RecordedMissLocked(session_id, route_epoch);
-    ++m.misses[static_cast<int>(miss.reason)];
-    throw CacheMissError(std::move(miss));
-  }
+  auto found = LookupLiveLocked(m, session_id, route_epoch, now);
+  if (auto* miss = std::get_if<CacheMiss>(&found)) throw CacheMissError(std::move(*miss));
+  SessionEntry* e = std::get<SessionEntry*>(found);
   if (e->step_active) {
     throw Error(ErrorKind::kSessionBusy, "cannot truncate session " + ShortSessionId(session_id) +
                                              " epoch " + std::to_string(route_epoch) +
@@ -444,15 +447,10 @@ ResolveResult HotKvStateManager::Resolve(std::string_view session_id, int64_t ro
   CheckRecipe(m.fingerprint, recipe);
   std::lock_guard lock(m.mu);
   IdTrimmer trim{m};
-  m.CheckStaleLocked(session_id, route_epoch);
   const double now = m.NowLocked();
-  m.EvictExpiredLocked(now);
-  SessionEntry* e = m.FindLiveLocked(session_id, route_epoch);
-  if (e == nullptr) {
-    CacheMiss miss = m.RecordedMissLocked(session_id, route_epoch);
-    ++m.misses[static_cast<int>(miss.reason)];
-    return miss;
-  }
+  auto found = LookupLiveLocked(m, session_id, route_epoch, now);
+  if (auto* miss = std::get_if<CacheMiss>(&found)) return std::move(*miss);
+  SessionEntry* e = std::get<SessionEntry*>(found);
   if (expected_seq_len.has_value() && *expected_seq_len != e->seq_len) {
     std::string detail = "cache holds " + std::to_string(e->seq_len) + ", caller expected " +
                          std::to_string(*expected_seq_len);
