@@ -96,15 +96,8 @@ int RunGenerate(const GenerateFlags& f) {
     co.tls_cert = f.tls_cert;
     co.tls_key = f.tls_key;
     co.timeout_s = f.timeout_s;
-    std::vector<std::string> nodes;
-    for (size_t pos = 0; pos <= f.nodes.size();) {
-      const size_t comma = f.nodes.find(',', pos);
-      const size_t end = comma == std::string::npos ? f.nodes.size() : comma;
-      nodes.push_back(f.nodes.substr(pos, end - pos));
-      pos = end + 1;
-    }
     co.Validate();
-    provider = rpc::MakeRemoteRouteProvider(nodes, co);
+    provider = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
 #else
     ThrowInvalidArgument("--nodes needs a build with gRPC (MESHNET_RPC=ON)");
 #endif
