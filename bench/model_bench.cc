@@ -36,7 +36,8 @@ std::string ModelPath(GgmlType type) {
   const char* dir_env = std::getenv("MESHNET_BENCH_DIR");
   const std::filesystem::path dir = dir_env ? dir_env : "/tmp/meshnet-bench";
   std::filesystem::create_directories(dir);
-  const std::string name = std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + ".gguf";
+  const std::string name =
+      std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + ".gguf";
   const std::filesystem::path path = dir / name;
   if (!std::filesystem::exists(path)) {
     gguf::MakeModelOptions o;
@@ -211,11 +212,27 @@ void BM_CachedVsReprefill512(benchmark::State& state) {
 constexpr int64_t kF32 = static_cast<int64_t>(GgmlType::kF32);
 constexpr int64_t kQ8 = static_cast<int64_t>(GgmlType::kQ8_0);
 
-BENCHMARK(BM_Decode)->ArgNames({"type", "shards"})->Args({kF32, 1})->Args({kF32, 3})
-    ->Args({kQ8, 1})->Args({kQ8, 3})->Iterations(2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Prefill)->ArgNames({"type", "shards"})->Args({kF32, 1})->Args({kF32, 3})
-    ->Args({kQ8, 1})->Args({kQ8, 3})->Iterations(2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_CachedVsReprefill512)->ArgNames({"type"})->Arg(kF32)->Arg(kQ8)->Iterations(1)
+BENCHMARK(BM_Decode)
+    ->ArgNames({"type", "shards"})
+    ->Args({kF32, 1})
+    ->Args({kF32, 3})
+    ->Args({kQ8, 1})
+    ->Args({kQ8, 3})
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Prefill)
+    ->ArgNames({"type", "shards"})
+    ->Args({kF32, 1})
+    ->Args({kF32, 3})
+    ->Args({kQ8, 1})
+    ->Args({kQ8, 3})
+    ->Iterations(2)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CachedVsReprefill512)
+    ->ArgNames({"type"})
+    ->Arg(kF32)
+    ->Arg(kQ8)
+    ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

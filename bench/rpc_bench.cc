@@ -13,7 +13,6 @@
 //
 // Nodes run with --threads 1 and the in-process baseline with a 1-thread pool.
 #include <benchmark/benchmark.h>
-
 #include <time.h>
 #include <unistd.h>
 
@@ -72,8 +71,7 @@ struct Mesh768 {
 
   Mesh768() {
     model = dir.file("m768.gguf");
-    const std::string cmd = std::string(MESHNET_BINARY) +
-                            " make-model --out " + model +
+    const std::string cmd = std::string(MESHNET_BINARY) + " make-model --out " + model +
                             " --n-embd 768 --n-layers 12 --n-heads 12 --n-kv-heads 12"
                             " --n-ff 2048 --tokenizer-from " MESHNET_SHIPPED_MODEL " >/dev/null";
     if (std::system(cmd.c_str()) != 0) throw std::runtime_error("make-model failed: " + cmd);
@@ -81,9 +79,9 @@ struct Mesh768 {
     for (const char* layers : {"0-3", "4-7", "8-11"}) {
       nodes.push_back(std::make_unique<NodeProcess>(
           MESHNET_BINARY,
-          std::vector<std::string>{"--model", model, "--layers", layers, "--listen",
-                                   "127.0.0.1:0", "--threads", "1", "--kv-budget", "256MiB",
-                                   "--log-level", "warn", "--metrics-listen", "127.0.0.1:0"},
+          std::vector<std::string>{"--model", model, "--layers", layers, "--listen", "127.0.0.1:0",
+                                   "--threads", "1", "--kv-budget", "256MiB", "--log-level", "warn",
+                                   "--metrics-listen", "127.0.0.1:0"},
           dir.file(std::string("node-") + layers + ".log"), /*expect_metrics=*/true));
       addrs.push_back(nodes.back()->address());
     }
@@ -153,7 +151,8 @@ void BM_Mesh768(benchmark::State& state) {
   state.counters["inproc_tok_s"] = static_cast<double>(tokens) / t_local;
   state.counters["remote_tok_s"] = static_cast<double>(tokens) / t_remote;
   state.counters["ratio"] = t_local / t_remote;
-  state.counters["per_hop_overhead_us"] = (t_remote - t_local) / static_cast<double>(tokens) / 3 * 1e6;
+  state.counters["per_hop_overhead_us"] =
+      (t_remote - t_local) / static_cast<double>(tokens) / 3 * 1e6;
   // Split of the remote time: inside the nodes' Step handlers vs the rest
   // (network, client encode/decode, planning, scheduling).
   state.counters["node_step_us_per_hop"] = t_nodes / static_cast<double>(tokens) / 3 * 1e6;

@@ -79,7 +79,8 @@ void BM_Encode(benchmark::State& state) {
 
   const auto q0 = std::chrono::steady_clock::now();
   const size_t q_tokens = QuadraticEncode(tok, text);
-  const double quad_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
+  const double quad_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
   if (q_tokens + 1 != n_tokens) state.SkipWithError("quadratic baseline disagrees");
 
   state.SetBytesProcessed(iters * static_cast<int64_t>(text.size()));

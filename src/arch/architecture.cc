@@ -10,31 +10,50 @@ namespace {
 
 const char* KeySuffix(ArchKey key) {
   switch (key) {
-    case ArchKey::kContextLength: return "context_length";
-    case ArchKey::kEmbeddingLength: return "embedding_length";
-    case ArchKey::kBlockCount: return "block_count";
-    case ArchKey::kFeedForwardLength: return "feed_forward_length";
-    case ArchKey::kHeadCount: return "attention.head_count";
-    case ArchKey::kHeadCountKv: return "attention.head_count_kv";
-    case ArchKey::kRmsEpsilon: return "attention.layer_norm_rms_epsilon";
-    case ArchKey::kRopeFreqBase: return "rope.freq_base";
-    case ArchKey::kRopeDimensionCount: return "rope.dimension_count";
-    case ArchKey::kVocabSize: return "vocab_size";
+    case ArchKey::kContextLength:
+      return "context_length";
+    case ArchKey::kEmbeddingLength:
+      return "embedding_length";
+    case ArchKey::kBlockCount:
+      return "block_count";
+    case ArchKey::kFeedForwardLength:
+      return "feed_forward_length";
+    case ArchKey::kHeadCount:
+      return "attention.head_count";
+    case ArchKey::kHeadCountKv:
+      return "attention.head_count_kv";
+    case ArchKey::kRmsEpsilon:
+      return "attention.layer_norm_rms_epsilon";
+    case ArchKey::kRopeFreqBase:
+      return "rope.freq_base";
+    case ArchKey::kRopeDimensionCount:
+      return "rope.dimension_count";
+    case ArchKey::kVocabSize:
+      return "vocab_size";
   }
   return "";
 }
 
 const char* LayerTensorStem(LayerTensor t) {
   switch (t) {
-    case LayerTensor::kAttnNorm: return "attn_norm";
-    case LayerTensor::kAttnQ: return "attn_q";
-    case LayerTensor::kAttnK: return "attn_k";
-    case LayerTensor::kAttnV: return "attn_v";
-    case LayerTensor::kAttnOutput: return "attn_output";
-    case LayerTensor::kFfnNorm: return "ffn_norm";
-    case LayerTensor::kFfnGate: return "ffn_gate";
-    case LayerTensor::kFfnUp: return "ffn_up";
-    case LayerTensor::kFfnDown: return "ffn_down";
+    case LayerTensor::kAttnNorm:
+      return "attn_norm";
+    case LayerTensor::kAttnQ:
+      return "attn_q";
+    case LayerTensor::kAttnK:
+      return "attn_k";
+    case LayerTensor::kAttnV:
+      return "attn_v";
+    case LayerTensor::kAttnOutput:
+      return "attn_output";
+    case LayerTensor::kFfnNorm:
+      return "ffn_norm";
+    case LayerTensor::kFfnGate:
+      return "ffn_gate";
+    case LayerTensor::kFfnUp:
+      return "ffn_up";
+    case LayerTensor::kFfnDown:
+      return "ffn_down";
   }
   return "";
 }
@@ -52,7 +71,12 @@ std::string CertifiedArchitecture::LayerTensorName(int layer, LayerTensor t) {
 const std::vector<CertifiedArchitecture>& CertifiedArchitectures() {
   static const std::vector<CertifiedArchitecture> kTable = {
       {"llama", {"LlamaForCausalLM"}, "llama", kBoundarySchemaVersion, "residual", true, true},
-      {"mistral", {"MistralForCausalLM"}, "mistral", kBoundarySchemaVersion, "residual", true,
+      {"mistral",
+       {"MistralForCausalLM"},
+       "mistral",
+       kBoundarySchemaVersion,
+       "residual",
+       true,
        true},
   };
   return kTable;

@@ -48,11 +48,11 @@ enum class ArchKey {
 };
 
 struct CertifiedArchitecture {
-  std::string adapter;                   // canonical name, e.g. "llama"
-  std::vector<std::string> aliases;      // e.g. "LlamaForCausalLM"
-  std::string gguf_arch;                 // general.architecture value / key prefix
+  std::string adapter;               // canonical name, e.g. "llama"
+  std::vector<std::string> aliases;  // e.g. "LlamaForCausalLM"
+  std::string gguf_arch;             // general.architecture value / key prefix
   int boundary_schema_version;
-  std::string boundary_tensor_name;      // "residual"
+  std::string boundary_tensor_name;  // "residual"
   bool prunes_rows_at_tail;
   bool normalizes_before_head;
 

@@ -4,10 +4,9 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "gguf/gguf_reader.h"
@@ -80,11 +79,13 @@ int RunGenerate(const GenerateFlags& f) {
   if (f.nodes.empty()) {
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
-    mo.split = f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
+    mo.split =
+        f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtype(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
-    const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+    const int threads =
+        f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
     pool = std::make_unique<ThreadPool>(threads);
     local = std::make_unique<mesh::InProcessMesh>(file, mo, pool.get());
     provider = std::make_unique<mesh::FixedRouteProvider>(local->route());
@@ -116,7 +117,9 @@ int RunGenerate(const GenerateFlags& f) {
       std::fflush(stdout);
     }
   };
-  events.on_recovery = [](const std::string& what) { std::fprintf(stderr, "meshnet: %s\n", what.c_str()); };
+  events.on_recovery = [](const std::string& what) {
+    std::fprintf(stderr, "meshnet: %s\n", what.c_str());
+  };
   if (!json) {
     const std::string shown = tokenizer.Decode(prompt_ids);
     std::fwrite(shown.data(), 1, shown.size(), stdout);
@@ -135,34 +138,47 @@ int RunGenerate(const GenerateFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar({
-    "generate",
-    "Generate text over a route of shards (in-process by default, or gRPC nodes with --nodes)",
-    [](CLI::App* sub, int* exit_code) {
-      auto f = std::make_shared<GenerateFlags>();
-      sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
-      sub->add_option("--model,-m", f->model, "GGUF model file (default: models/stories260K.gguf)");
-      sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
-          ->capture_default_str()->check(CLI::PositiveNumber);
-      sub->add_option("--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
-      sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")->capture_default_str();
-      sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
-      sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
-      sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
-      sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")->capture_default_str();
-      sub->add_option("--kv-budget", f->kv_budget, "KV byte budget per in-process shard, e.g. 64MiB")->capture_default_str();
-      sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")->capture_default_str();
-      sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")->capture_default_str();
-      sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
-      sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
-      sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
-      sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
-      sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
-      sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
-      sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
-      sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")->capture_default_str();
-      sub->callback([f, exit_code] { *exit_code = RunGenerate(*f); });
-    }});
+const CommandRegistrar kRegistrar(
+    {"generate",
+     "Generate text over a route of shards (in-process by default, or gRPC nodes with --nodes)",
+     [](CLI::App* sub, int* exit_code) {
+       auto f = std::make_shared<GenerateFlags>();
+       sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
+       sub->add_option("--model,-m", f->model,
+                       "GGUF model file (default: models/stories260K.gguf)");
+       sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
+           ->capture_default_str()
+           ->check(CLI::PositiveNumber);
+       sub->add_option("--split", f->split,
+                       "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
+       sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")
+           ->capture_default_str();
+       sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")
+           ->capture_default_str();
+       sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")
+           ->capture_default_str();
+       sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")
+           ->capture_default_str();
+       sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")
+           ->capture_default_str();
+       sub->add_option("--kv-budget", f->kv_budget,
+                       "KV byte budget per in-process shard, e.g. 64MiB")
+           ->capture_default_str();
+       sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+           ->capture_default_str();
+       sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+           ->capture_default_str();
+       sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
+       sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
+       sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
+       sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
+       sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
+       sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
+       sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+       sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")
+           ->capture_default_str();
+       sub->callback([f, exit_code] { *exit_code = RunGenerate(*f); });
+     }});
 
 }  // namespace
 }  // namespace meshnet::cli

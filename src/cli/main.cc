@@ -1,6 +1,5 @@
 // meshnet: a node and a client for a pipeline-parallel LLM inference mesh.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <exception>

@@ -7,7 +7,6 @@
 // "metrics on HOST:PORT". Logs go to stderr. SIGINT/SIGTERM stop accepting
 // calls and let in-flight steps finish (up to --grace seconds).
 #include <signal.h>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -65,8 +64,8 @@ KvDtype ParseDtypeFlag(const std::string& s) {
   try {
     return ParseKvDtype(s);
   } catch (const Error&) {
-    ThrowInvalidArgument("--kv-dtype must be float32, float16 or bfloat16 (or f32, f16, bf16); got '" +
-                         s + "'");
+    ThrowInvalidArgument(
+        "--kv-dtype must be float32, float16 or bfloat16 (or f32, f16, bf16); got '" + s + "'");
   }
 }
 
@@ -129,11 +128,11 @@ int RunServe(const ServeFlags& f) {
     std::printf("metrics on %s\n", server.metrics_address().c_str());
   }
   std::fflush(stdout);
-  spdlog::info("event=ready model={} layers={}-{} of={} kv_budget={} kv_dtype={} block_tokens={} "
-               "max_sessions={} threads={}",
-               model_path, range.first, range.second, hp.n_layers,
-               FormatByteSize(kv_config.budget_bytes), KvDtypeName(kv_dtype),
-               kv_config.block_tokens, kv_config.max_sessions, pool.num_threads());
+  spdlog::info(
+      "event=ready model={} layers={}-{} of={} kv_budget={} kv_dtype={} block_tokens={} "
+      "max_sessions={} threads={}",
+      model_path, range.first, range.second, hp.n_layers, FormatByteSize(kv_config.budget_bytes),
+      KvDtypeName(kv_dtype), kv_config.block_tokens, kv_config.max_sessions, pool.num_threads());
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -144,43 +143,43 @@ int RunServe(const ServeFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar({
-    "serve",
-    "Serve a layer range of a model as a mesh node over gRPC",
-    [](CLI::App* sub, int* exit_code) {
-      auto f = std::make_shared<ServeFlags>();
-      sub->add_option("--model,-m", f->model, "GGUF model file (default: models/stories260K.gguf)");
-      sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")
-          ->required();
-      sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
-          ->capture_default_str();
-      sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
-          ->capture_default_str();
-      sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
-          ->capture_default_str();
-      sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
-          ->capture_default_str();
-      sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
-          ->capture_default_str();
-      sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-          ->capture_default_str();
-      sub->add_option("--block-tokens", f->block_tokens, "Positions per KV block")
-          ->capture_default_str();
-      sub->add_option("--metrics-listen", f->metrics_listen,
-                      "host:port for Prometheus /metrics (port 0: pick a free one)");
-      sub->add_option("--auth-token", f->auth_token,
-                      "Cluster token every call must carry (default: $MESHNET_AUTH_TOKEN)");
-      sub->add_option("--tls-cert", f->tls_cert, "Server certificate chain (PEM); enables TLS");
-      sub->add_option("--tls-key", f->tls_key, "Server private key (PEM)");
-      sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
-      sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
-          ->capture_default_str();
-      sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
-          ->capture_default_str();
-      sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
-          ->capture_default_str();
-      sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
-    }});
+const CommandRegistrar kRegistrar(
+    {"serve", "Serve a layer range of a model as a mesh node over gRPC",
+     [](CLI::App* sub, int* exit_code) {
+       auto f = std::make_shared<ServeFlags>();
+       sub->add_option("--model,-m", f->model,
+                       "GGUF model file (default: models/stories260K.gguf)");
+       sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")
+           ->required();
+       sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
+           ->capture_default_str();
+       sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
+           ->capture_default_str();
+       sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
+           ->capture_default_str();
+       sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
+           ->capture_default_str();
+       sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+           ->capture_default_str();
+       sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+           ->capture_default_str();
+       sub->add_option("--block-tokens", f->block_tokens, "Positions per KV block")
+           ->capture_default_str();
+       sub->add_option("--metrics-listen", f->metrics_listen,
+                       "host:port for Prometheus /metrics (port 0: pick a free one)");
+       sub->add_option("--auth-token", f->auth_token,
+                       "Cluster token every call must carry (default: $MESHNET_AUTH_TOKEN)");
+       sub->add_option("--tls-cert", f->tls_cert, "Server certificate chain (PEM); enables TLS");
+       sub->add_option("--tls-key", f->tls_key, "Server private key (PEM)");
+       sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
+       sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
+           ->capture_default_str();
+       sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
+           ->capture_default_str();
+       sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
+           ->capture_default_str();
+       sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
+     }});
 
 }  // namespace
 }  // namespace meshnet::cli

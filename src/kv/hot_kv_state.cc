@@ -244,11 +244,9 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
 // time while the only obstacle is room pinned by other in-flight steps. Each
 // attempt re-runs the whole check sequence, since the state may change while
 // the lock is released. Throws kBudgetExceeded when the wait runs out.
-std::variant<Begun, CacheMiss> BeginWaitingLocked(ManagerState& m, std::unique_lock<std::mutex>& lock,
-                                                  std::string_view id, int64_t epoch,
-                                                  std::optional<int64_t> expected,
-                                                  const std::span<const LayerKv>* kv,
-                                                  int64_t n_new) {
+std::variant<Begun, CacheMiss> BeginWaitingLocked(
+    ManagerState& m, std::unique_lock<std::mutex>& lock, std::string_view id, int64_t epoch,
+    std::optional<int64_t> expected, const std::span<const LayerKv>* kv, int64_t n_new) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(m.config.pinned_wait_seconds));

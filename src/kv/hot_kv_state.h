@@ -77,7 +77,7 @@ struct HotKvStateConfig {
   int64_t max_sessions = 8;
   double ttl_seconds = 600.0;  // 0 disables TTL
   int64_t miss_history = 256;
-  int block_tokens = 16;       // 1 gives the reference's exact byte accounting
+  int block_tokens = 16;  // 1 gives the reference's exact byte accounting
   // How many session ids whose state is gone still remember their latest epoch
   // (for stale-epoch checks). Ids with live state are always remembered.
   int64_t epoch_history = 1 << 16;
@@ -96,19 +96,19 @@ struct HotKvStateConfig {
 // snapshot; counters are monotonic over the manager's life.
 struct HotKvStats {
   int64_t live_sessions = 0;
-  int64_t pinned_sessions = 0;     // live or dead sessions with pins
-  int64_t bytes_in_use = 0;        // sum(seq_len) * bytes_per_token over live sessions
-  int64_t bytes_reserved = 0;      // blocks held (live + dead-but-pinned) * block bytes
+  int64_t pinned_sessions = 0;  // live or dead sessions with pins
+  int64_t bytes_in_use = 0;     // sum(seq_len) * bytes_per_token over live sessions
+  int64_t bytes_reserved = 0;   // blocks held (live + dead-but-pinned) * block bytes
   int64_t bytes_budget = 0;
   int64_t blocks_used = 0;
-  int64_t blocks_free = 0;         // allocated from the OS, on the free list
-  int64_t blocks_capacity = 0;     // budget / block bytes
-  int64_t hits = 0;                // lookups (resolve/get/step/append/truncate) finding live state
+  int64_t blocks_free = 0;      // allocated from the OS, on the free list
+  int64_t blocks_capacity = 0;  // budget / block bytes
+  int64_t hits = 0;             // lookups (resolve/get/step/append/truncate) finding live state
   int64_t misses[kNumCacheMissReasons] = {};     // misses answered, by reason
   int64_t evictions[kNumCacheMissReasons] = {};  // sessions dropped, by reason
-  int64_t replaced = 0;            // contexts replaced by a same-key re-open (no miss recorded)
-  int64_t remembered_epochs = 0;   // size of the latest-epoch map
-  int64_t remembered_misses = 0;   // size of the miss history
+  int64_t replaced = 0;           // contexts replaced by a same-key re-open (no miss recorded)
+  int64_t remembered_epochs = 0;  // size of the latest-epoch map
+  int64_t remembered_misses = 0;  // size of the miss history
 };
 
 // One owned layer's new K/V for Append (reference: kv_by_layer[layer] = (k, v)).
@@ -256,7 +256,7 @@ class HotKvStateManager {
 
   // --- Introspection ----------------------------------------------------------
 
-  int64_t SessionCount();  // evicts expired first (reference session_count)
+  int64_t SessionCount();      // evicts expired first (reference session_count)
   int64_t TotalBytes() const;  // reserved bytes of live sessions
   // Live keys in LRU order, oldest first.
   std::vector<std::pair<std::string, int64_t>> SessionKeys() const;

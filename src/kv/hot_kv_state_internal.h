@@ -2,9 +2,9 @@
 // invariants comment at the top of hot_kv_state.cc.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <list>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <string_view>

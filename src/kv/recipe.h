@@ -34,7 +34,9 @@ struct KvCacheRecipe {
   // {architecture_adapter (canonical), boundary_schema_version, end_layer,
   //  head_dim, kind:"hot-kv-recipe", kv_dtype, n_kv_heads, start_layer, total_layers}.
   std::string Fingerprint() const;
-  bool IsCompatible(const KvCacheRecipe& other) const { return Fingerprint() == other.Fingerprint(); }
+  bool IsCompatible(const KvCacheRecipe& other) const {
+    return Fingerprint() == other.Fingerprint();
+  }
 };
 
 }  // namespace meshnet::kv

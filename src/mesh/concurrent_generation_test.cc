@@ -21,8 +21,8 @@ TEST(ConcurrentGeneration, PressureNeverCorruptsOutput) {
   const auto tok = model::Tokenizer::FromGguf(*file);
   ThreadPool pool(2);
   const std::vector<std::string> prompts = {
-      "Once upon a time", "The cat",         "Lily and Tom",   "One day, a bird",
-      "The sun was",      "A little dog ran", "Mom said",       "There was a big tree"};
+      "Once upon a time", "The cat",          "Lily and Tom", "One day, a bird",
+      "The sun was",      "A little dog ran", "Mom said",     "There was a big tree"};
   constexpr int kTokens = 48;
 
   auto options_for = [&](size_t i) {

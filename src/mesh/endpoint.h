@@ -21,8 +21,8 @@ namespace meshnet::mesh {
 
 // What a node says about itself (rpc Info).
 struct ShardInfo {
-  std::string model_id;            // identity of the model file (sha256 of its header + tensor table)
-  std::string architecture;        // canonical adapter, e.g. "llama"
+  std::string model_id;      // identity of the model file (sha256 of its header + tensor table)
+  std::string architecture;  // canonical adapter, e.g. "llama"
   int start_layer = 0;
   int end_layer = 0;
   int total_layers = 0;
@@ -38,10 +38,10 @@ struct StepRequest {
   std::string session_id;      // 128-bit random, hex
   std::string session_secret;  // binds the session to its opener (checked by nodes)
   int64_t route_epoch = 0;
-  uint64_t step_id = 0;        // idempotency key: a retry with the same id is not applied twice
-  bool prefill = false;        // open a fresh context first (prompt or re-prefill)
-  std::optional<int64_t> expected_seq_len;  // decode: positions the node must hold
-  std::vector<int32_t> token_ids;           // head
+  uint64_t step_id = 0;  // idempotency key: a retry with the same id is not applied twice
+  bool prefill = false;  // open a fresh context first (prompt or re-prefill)
+  std::optional<int64_t> expected_seq_len;      // decode: positions the node must hold
+  std::vector<int32_t> token_ids;               // head
   std::optional<shard::BoundaryBundle> bundle;  // middle / tail
   shard::SamplingContract sampling;             // used by the tail
 };

@@ -47,7 +47,7 @@ struct RunOutput {
 };
 
 RunOutput Generate(InProcessMesh& mesh, const std::vector<int32_t>& prompt, int n,
-             const GenerateEvents& extra = {}, shard::SamplingContract sampling = {}) {
+                   const GenerateEvents& extra = {}, shard::SamplingContract sampling = {}) {
   FixedRouteProvider provider(mesh.route());
   GenerateOptions o;
   o.max_tokens = n;
@@ -134,7 +134,8 @@ TEST(Generation, CachedDecodeEqualsFullRecompute) {
   for (int s = 0; s < 64; ++s) {
     const RunOutput fresh = Generate(mesh, history, 1);
     for (size_t i = 0; i < fresh.logits[0].size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(fresh.logits[0][i] - cached.logits[s][i])));
+      worst =
+          std::max(worst, static_cast<double>(std::abs(fresh.logits[0][i] - cached.logits[s][i])));
     }
     history.push_back(cached.tokens[s]);
   }
@@ -161,7 +162,8 @@ TEST(Generation, ForcedEvictionReprefillsAndKeepsTheOutput) {
   EXPECT_EQ(disturbed.tokens, undisturbed.tokens);
   // Two LRU evictions on the middle shard: ours by the intruder, then the
   // intruder's by our re-prefill.
-  EXPECT_EQ(mesh.manager(1).Stats().evictions[static_cast<int>(kv::CacheMissReason::kEvictedLru)], 2);
+  EXPECT_EQ(mesh.manager(1).Stats().evictions[static_cast<int>(kv::CacheMissReason::kEvictedLru)],
+            2);
   auto intruder = mesh.manager(1).Resolve("intruder", 0);
   ASSERT_TRUE(std::holds_alternative<kv::CacheMiss>(intruder));
   EXPECT_EQ(std::get<kv::CacheMiss>(intruder).reason, kv::CacheMissReason::kEvictedLru);

@@ -36,7 +36,8 @@ void FixedRouteProvider::MarkDead(const ShardEndpoint& endpoint) {
 
 std::string RandomId128() {
   unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) throw Error(ErrorKind::kUnavailable, "RAND_bytes failed");
+  if (RAND_bytes(bytes, sizeof bytes) != 1)
+    throw Error(ErrorKind::kUnavailable, "RAND_bytes failed");
   static const char* kHex = "0123456789abcdef";
   std::string out(32, '0');
   for (int i = 0; i < 16; ++i) {
@@ -50,15 +51,15 @@ namespace {
 
 // The outcome of pushing one step through every hop of the route.
 struct StepOutcome {
-  std::optional<int32_t> token;              // the tail's sample
-  std::vector<float> logits;                 // the tail's logits
-  std::optional<kv::CacheMiss> miss;         // some hop lost its state
-  const ShardEndpoint* dead_hop = nullptr;   // some hop is unreachable
+  std::optional<int32_t> token;             // the tail's sample
+  std::vector<float> logits;                // the tail's logits
+  std::optional<kv::CacheMiss> miss;        // some hop lost its state
+  const ShardEndpoint* dead_hop = nullptr;  // some hop is unreachable
   std::string dead_reason;
 };
 
-StepOutcome RunRouteStep(const Route& route, const std::string& session,
-                         const std::string& secret, int64_t epoch, uint64_t step_id, bool prefill,
+StepOutcome RunRouteStep(const Route& route, const std::string& session, const std::string& secret,
+                         int64_t epoch, uint64_t step_id, bool prefill,
                          std::span<const int32_t> tokens, std::optional<int64_t> expected,
                          const shard::SamplingContract& sampling) {
   StepOutcome out;
@@ -119,7 +120,8 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
   options.sampling.Validate();
   const std::string session = options.session_id.empty() ? RandomId128() : options.session_id;
-  const std::string secret = options.session_secret.empty() ? RandomId128() : options.session_secret;
+  const std::string secret =
+      options.session_secret.empty() ? RandomId128() : options.session_secret;
 
   GenerateResult result;
   int64_t epoch = options.initial_epoch;

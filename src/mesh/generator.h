@@ -63,13 +63,13 @@ struct GenerateOptions {
   double backoff_initial_s = 0.02;
   double backoff_max_s = 1.0;
   int64_t initial_epoch = 0;
-  std::string session_id;         // empty: a fresh random 128-bit id
-  std::string session_secret;     // empty: a fresh random 128-bit secret
+  std::string session_id;      // empty: a fresh random 128-bit id
+  std::string session_secret;  // empty: a fresh random 128-bit secret
   bool release_at_end = true;
 };
 
 struct GenerateEvents {
-  std::function<void(int32_t token)> on_token;         // each generated token, in order
+  std::function<void(int32_t token)> on_token;          // each generated token, in order
   std::function<void(const std::string&)> on_recovery;  // a human line per recovery
   // The tail's logits for each sampled token (including one that is EOS).
   std::function<void(std::span<const float> logits)> on_logits;

@@ -26,7 +26,8 @@ int32_t NextToken(const std::vector<int32_t>& history) {
 // (session, epoch); the head sends tokens onward as a 1-wide residual.
 class ToyHop : public ShardEndpoint {
  public:
-  ToyHop(std::string name, bool head, bool tail) : name_(std::move(name)), head_(head), tail_(tail) {}
+  ToyHop(std::string name, bool head, bool tail)
+      : name_(std::move(name)), head_(head), tail_(tail) {}
   std::string name() const override { return name_; }
   ShardInfo Info() override { return {}; }
 
@@ -45,8 +46,10 @@ class ToyHop : public ShardEndpoint {
         state_.erase(key);
         return kv::CacheMiss{req.session_id, req.route_epoch, kv::CacheMissReason::kEvictedLru, ""};
       }
-      if (!req.expected_seq_len || *req.expected_seq_len != static_cast<int64_t>(it->second.size())) {
-        return kv::CacheMiss{req.session_id, req.route_epoch, kv::CacheMissReason::kSeqLenMismatch, ""};
+      if (!req.expected_seq_len ||
+          *req.expected_seq_len != static_cast<int64_t>(it->second.size())) {
+        return kv::CacheMiss{req.session_id, req.route_epoch, kv::CacheMissReason::kSeqLenMismatch,
+                             ""};
       }
     }
     std::vector<int32_t> tokens = req.token_ids;

@@ -37,7 +37,8 @@ std::vector<LayerRange> ParseSplit(const std::string& text, int total_layers) {
   size_t pos = 0;
   while (pos <= text.size()) {
     const size_t comma = text.find(',', pos);
-    const std::string part = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const std::string part =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     out.push_back(ParseLayerRange(part));
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -45,7 +46,8 @@ std::vector<LayerRange> ParseSplit(const std::string& text, int total_layers) {
   int next = 0;
   for (const auto& [a, b] : out) {
     if (a != next) {
-      ThrowInvalidArgument("invalid split '" + text + "': ranges must be contiguous from layer 0; " +
+      ThrowInvalidArgument("invalid split '" + text +
+                           "': ranges must be contiguous from layer 0; " +
                            "expected a range starting at " + std::to_string(next) + ", got " +
                            std::to_string(a) + "-" + std::to_string(b));
     }
@@ -134,8 +136,8 @@ StepResult InProcessEndpoint::Step(StepRequest request) {
   if (request.prefill) {
     return adapter_->Prefill(request.session_id, request.route_epoch, input, request.sampling);
   }
-  return adapter_->Decode(request.session_id, request.route_epoch, input,
-                          request.expected_seq_len, request.sampling);
+  return adapter_->Decode(request.session_id, request.route_epoch, input, request.expected_seq_len,
+                          request.sampling);
 }
 
 void InProcessEndpoint::Release(const std::string& session_id, const std::string&,

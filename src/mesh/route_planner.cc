@@ -74,9 +74,9 @@ std::vector<size_t> PlanRoute(std::span<const RouteCandidate> candidates, int to
   }
   const std::string all = "0-" + std::to_string(total_layers - 1);
   if (!unserved.empty()) {
-    throw Error(ErrorKind::kUnavailable,
-                "no route covers layers " + all + ": layers " + DescribeLayers(unserved) +
-                    " are served by no live node");
+    throw Error(ErrorKind::kUnavailable, "no route covers layers " + all + ": layers " +
+                                             DescribeLayers(unserved) +
+                                             " are served by no live node");
   }
   int reach = 0;
   for (int p = 0; p <= total_layers; ++p) {

@@ -47,8 +47,8 @@ TEST(RoutePlannerTest, TieBreaksOnLiveSessionsThenFreeKvThenName) {
 }
 
 TEST(RoutePlannerTest, DeterministicUnderPermutation) {
-  std::vector<RouteCandidate> c = {C("n3", 0, 2), C("n1", 0, 2), C("n2", 3, 5), C("n0", 3, 5),
-                                   C("n5", 0, 5, 1), C("n4", 0, 0)};
+  std::vector<RouteCandidate> c = {C("n3", 0, 2), C("n1", 0, 2),    C("n2", 3, 5),
+                                   C("n0", 3, 5), C("n5", 0, 5, 1), C("n4", 0, 0)};
   std::mt19937 rng(3);
   for (int trial = 0; trial < 20; ++trial) {
     std::shuffle(c.begin(), c.end(), rng);

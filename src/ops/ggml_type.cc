@@ -7,12 +7,9 @@ namespace meshnet {
 
 namespace {
 constexpr GgmlTypeInfo kTypes[] = {
-    {GgmlType::kF32, "F32", 1, 4},
-    {GgmlType::kF16, "F16", 1, 2},
-    {GgmlType::kQ4_0, "Q4_0", 32, 18},
-    {GgmlType::kQ8_0, "Q8_0", 32, 34},
-    {GgmlType::kQ4_K, "Q4_K", 256, 144},
-    {GgmlType::kQ6_K, "Q6_K", 256, 210},
+    {GgmlType::kF32, "F32", 1, 4},       {GgmlType::kF16, "F16", 1, 2},
+    {GgmlType::kQ4_0, "Q4_0", 32, 18},   {GgmlType::kQ8_0, "Q8_0", 32, 34},
+    {GgmlType::kQ4_K, "Q4_K", 256, 144}, {GgmlType::kQ6_K, "Q6_K", 256, 210},
     {GgmlType::kBF16, "BF16", 1, 2},
 };
 }  // namespace

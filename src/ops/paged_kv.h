@@ -28,10 +28,12 @@ struct PagedKvLayer {
   int64_t n_positions = 0;  // rows addressable: committed + reserved
 
   uint8_t* KRow(int64_t pos) const {
-    return blocks[pos / block_tokens] + k_offset + static_cast<size_t>(pos % block_tokens) * row_bytes;
+    return blocks[pos / block_tokens] + k_offset +
+           static_cast<size_t>(pos % block_tokens) * row_bytes;
   }
   uint8_t* VRow(int64_t pos) const {
-    return blocks[pos / block_tokens] + v_offset + static_cast<size_t>(pos % block_tokens) * row_bytes;
+    return blocks[pos / block_tokens] + v_offset +
+           static_cast<size_t>(pos % block_tokens) * row_bytes;
   }
 };
 

@@ -23,19 +23,26 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 pb::Dtype ToWireDtype(KvDtype t) {
   switch (t) {
-    case KvDtype::kF32: return pb::DTYPE_F32;
-    case KvDtype::kF16: return pb::DTYPE_F16;
-    case KvDtype::kBF16: return pb::DTYPE_BF16;
+    case KvDtype::kF32:
+      return pb::DTYPE_F32;
+    case KvDtype::kF16:
+      return pb::DTYPE_F16;
+    case KvDtype::kBF16:
+      return pb::DTYPE_BF16;
   }
   return pb::DTYPE_UNSPECIFIED;
 }
 
 KvDtype FromWireDtype(int wire) {
   switch (wire) {
-    case pb::DTYPE_F32: return KvDtype::kF32;
-    case pb::DTYPE_F16: return KvDtype::kF16;
-    case pb::DTYPE_BF16: return KvDtype::kBF16;
-    default: break;
+    case pb::DTYPE_F32:
+      return KvDtype::kF32;
+    case pb::DTYPE_F16:
+      return KvDtype::kF16;
+    case pb::DTYPE_BF16:
+      return KvDtype::kBF16;
+    default:
+      break;
   }
   ThrowInvalidArgument("bundle dtype " + std::to_string(wire) +
                        " is not one of DTYPE_F32, DTYPE_F16, DTYPE_BF16");
@@ -159,25 +166,38 @@ shard::SamplingContract DecodeSampling(const pb::SamplingContract& in) {
 
 pb::CacheMissReason ToWireReason(kv::CacheMissReason r) {
   switch (r) {
-    case kv::CacheMissReason::kUnknownSession: return pb::CACHE_MISS_UNKNOWN_SESSION;
-    case kv::CacheMissReason::kEvictedTtl: return pb::CACHE_MISS_EVICTED_TTL;
-    case kv::CacheMissReason::kEvictedLru: return pb::CACHE_MISS_EVICTED_LRU;
-    case kv::CacheMissReason::kReleased: return pb::CACHE_MISS_RELEASED;
-    case kv::CacheMissReason::kSupersededEpoch: return pb::CACHE_MISS_SUPERSEDED_EPOCH;
-    case kv::CacheMissReason::kSeqLenMismatch: return pb::CACHE_MISS_SEQ_LEN_MISMATCH;
+    case kv::CacheMissReason::kUnknownSession:
+      return pb::CACHE_MISS_UNKNOWN_SESSION;
+    case kv::CacheMissReason::kEvictedTtl:
+      return pb::CACHE_MISS_EVICTED_TTL;
+    case kv::CacheMissReason::kEvictedLru:
+      return pb::CACHE_MISS_EVICTED_LRU;
+    case kv::CacheMissReason::kReleased:
+      return pb::CACHE_MISS_RELEASED;
+    case kv::CacheMissReason::kSupersededEpoch:
+      return pb::CACHE_MISS_SUPERSEDED_EPOCH;
+    case kv::CacheMissReason::kSeqLenMismatch:
+      return pb::CACHE_MISS_SEQ_LEN_MISMATCH;
   }
   return pb::CACHE_MISS_REASON_UNSPECIFIED;
 }
 
 kv::CacheMissReason FromWireReason(int wire) {
   switch (wire) {
-    case pb::CACHE_MISS_UNKNOWN_SESSION: return kv::CacheMissReason::kUnknownSession;
-    case pb::CACHE_MISS_EVICTED_TTL: return kv::CacheMissReason::kEvictedTtl;
-    case pb::CACHE_MISS_EVICTED_LRU: return kv::CacheMissReason::kEvictedLru;
-    case pb::CACHE_MISS_RELEASED: return kv::CacheMissReason::kReleased;
-    case pb::CACHE_MISS_SUPERSEDED_EPOCH: return kv::CacheMissReason::kSupersededEpoch;
-    case pb::CACHE_MISS_SEQ_LEN_MISMATCH: return kv::CacheMissReason::kSeqLenMismatch;
-    default: break;
+    case pb::CACHE_MISS_UNKNOWN_SESSION:
+      return kv::CacheMissReason::kUnknownSession;
+    case pb::CACHE_MISS_EVICTED_TTL:
+      return kv::CacheMissReason::kEvictedTtl;
+    case pb::CACHE_MISS_EVICTED_LRU:
+      return kv::CacheMissReason::kEvictedLru;
+    case pb::CACHE_MISS_RELEASED:
+      return kv::CacheMissReason::kReleased;
+    case pb::CACHE_MISS_SUPERSEDED_EPOCH:
+      return kv::CacheMissReason::kSupersededEpoch;
+    case pb::CACHE_MISS_SEQ_LEN_MISMATCH:
+      return kv::CacheMissReason::kSeqLenMismatch;
+    default:
+      break;
   }
   // A reason from a newer node: the safe reading of any miss is "state gone".
   return kv::CacheMissReason::kUnknownSession;

@@ -180,11 +180,11 @@ TEST(CodecTest, ResultsRoundTrip) {
 }
 
 TEST(StatusMapTest, EveryKindMapsBack) {
-  for (ErrorKind k : {ErrorKind::kInvalidArgument, ErrorKind::kStaleEpoch,
-                      ErrorKind::kIncompatibleRecipe, ErrorKind::kBudgetExceeded,
-                      ErrorKind::kCacheMiss, ErrorKind::kSessionBusy, ErrorKind::kBoundaryContract,
-                      ErrorKind::kMalformedFile, ErrorKind::kUnavailable,
-                      ErrorKind::kPermissionDenied}) {
+  for (ErrorKind k :
+       {ErrorKind::kInvalidArgument, ErrorKind::kStaleEpoch, ErrorKind::kIncompatibleRecipe,
+        ErrorKind::kBudgetExceeded, ErrorKind::kCacheMiss, ErrorKind::kSessionBusy,
+        ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile, ErrorKind::kUnavailable,
+        ErrorKind::kPermissionDenied}) {
     const grpc::StatusCode code = StatusCodeFor(k);
     EXPECT_EQ(ErrorKindFor(code, ErrorKindName(k)), k) << ErrorKindName(k);
   }

@@ -31,7 +31,7 @@ constexpr Tables kTables;
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const uint8_t* p,
-                                                           size_t n) {
+                                                          size_t n) {
   uint64_t c = ~crc;
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
     c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);

@@ -33,8 +33,7 @@ TEST(Crc32cTest, HardwareAndPortableAgreeOnEveryLengthAndAlignment) {
   for (auto& b : data) b = static_cast<uint8_t>(rng());
   for (size_t offset = 0; offset < 8; ++offset) {
     for (size_t n : {0, 1, 3, 7, 8, 9, 15, 16, 63, 100, 1023, 4096}) {
-      EXPECT_EQ(Crc32c(data.data() + offset, n),
-                Crc32cExtendPortable(0, data.data() + offset, n))
+      EXPECT_EQ(Crc32c(data.data() + offset, n), Crc32cExtendPortable(0, data.data() + offset, n))
           << "offset " << offset << " n " << n;
     }
   }

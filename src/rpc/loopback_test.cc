@@ -65,8 +65,8 @@ struct Nodes {
     for (int i = 0; i < 3; ++i) {
       NodeServerOptions o = base;
       if (metrics_on_tail && i == 2) o.metrics_listen = "127.0.0.1:0";
-      servers.push_back(std::make_unique<NodeServer>(&mesh.adapter(i),
-                                                     mesh::ModelIdentity(*File()), o));
+      servers.push_back(
+          std::make_unique<NodeServer>(&mesh.adapter(i), mesh::ModelIdentity(*File()), o));
       servers.back()->Start();
       addresses.push_back(servers.back()->bound_address());
     }
@@ -77,8 +77,7 @@ struct Nodes {
 };
 
 std::unique_ptr<pb::MeshNode::Stub> RawStub(const std::string& address) {
-  return pb::MeshNode::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return pb::MeshNode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
 pb::StepRequest HeadPrefill(const std::string& id, const std::string& secret, int64_t epoch,
@@ -112,8 +111,8 @@ TEST(LoopbackTest, RemoteRouteMatchesInProcessTokenForToken) {
     const auto want = InProcessTokens(o);
     const auto got = mesh::Generate(*provider, kPrompt, o);
     EXPECT_EQ(got.generated_ids, want) << "temperature " << temperature;
-    EXPECT_EQ(got.final_route, nodes.addresses[0] + " -> " + nodes.addresses[1] + " -> " +
-                                   nodes.addresses[2]);
+    EXPECT_EQ(got.final_route,
+              nodes.addresses[0] + " -> " + nodes.addresses[1] + " -> " + nodes.addresses[2]);
   }
   // Released at the end: no node holds state.
   for (auto& ep : provider->endpoints()) EXPECT_EQ(ep->Info().live_sessions, 0);
@@ -191,8 +190,8 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
     const std::string big = mesh::RandomId128();
     grpc::ClientContext ctx;
     pb::StepResponse resp;
-    ASSERT_TRUE(head->Step(&ctx, HeadPrefill(big, "s", 0, 1, std::vector<int32_t>(32, 5)), &resp)
-                    .ok());
+    ASSERT_TRUE(
+        head->Step(&ctx, HeadPrefill(big, "s", 0, 1, std::vector<int32_t>(32, 5)), &resp).ok());
     grpc::ClientContext ctx2;
     auto more = HeadPrefill(big, "s", 0, 2, {5});
     more.set_prefill(false);

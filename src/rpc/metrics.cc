@@ -43,9 +43,9 @@ void AddGauge(std::vector<MetricFamily>& out, const char* name, const char* help
 }
 
 constexpr ErrorKind kKinds[] = {
-    ErrorKind::kInvalidArgument, ErrorKind::kStaleEpoch,      ErrorKind::kIncompatibleRecipe,
-    ErrorKind::kBudgetExceeded,  ErrorKind::kCacheMiss,       ErrorKind::kSessionBusy,
-    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile,  ErrorKind::kUnavailable,
+    ErrorKind::kInvalidArgument,  ErrorKind::kStaleEpoch,    ErrorKind::kIncompatibleRecipe,
+    ErrorKind::kBudgetExceeded,   ErrorKind::kCacheMiss,     ErrorKind::kSessionBusy,
+    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile, ErrorKind::kUnavailable,
     ErrorKind::kPermissionDenied,
 };
 
@@ -70,8 +70,8 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   AddGauge(out, "meshnet_session_bindings", "Session-secret bindings remembered",
            static_cast<double>(core_->bindings()));
 
-  MetricFamily hits = Family("meshnet_kv_hits_total", "Lookups that found live state",
-                             MetricType::Counter);
+  MetricFamily hits =
+      Family("meshnet_kv_hits_total", "Lookups that found live state", MetricType::Counter);
   hits.metric.push_back(Counter(static_cast<double>(s.hits)));
   out.push_back(std::move(hits));
 
@@ -87,40 +87,40 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   out.push_back(std::move(misses));
   out.push_back(std::move(evictions));
 
-  MetricFamily steps = Family("meshnet_steps_total", "Steps answered, by result",
-                              MetricType::Counter);
-  steps.metric.push_back(Counter(static_cast<double>(c.steps_bundle.load()), {{"result", "bundle"}}));
+  MetricFamily steps =
+      Family("meshnet_steps_total", "Steps answered, by result", MetricType::Counter);
+  steps.metric.push_back(
+      Counter(static_cast<double>(c.steps_bundle.load()), {{"result", "bundle"}}));
   steps.metric.push_back(Counter(static_cast<double>(c.steps_tail.load()), {{"result", "tail"}}));
   steps.metric.push_back(Counter(static_cast<double>(c.steps_miss.load()), {{"result", "miss"}}));
   steps.metric.push_back(
       Counter(static_cast<double>(c.steps_replayed.load()), {{"result", "replayed"}}));
   out.push_back(std::move(steps));
 
-  MetricFamily waits = Family("meshnet_step_budget_waits_total",
-                              "Step retries after KV room was pinned by other in-flight steps",
-                              MetricType::Counter);
+  MetricFamily waits =
+      Family("meshnet_step_budget_waits_total",
+             "Step retries after KV room was pinned by other in-flight steps", MetricType::Counter);
   waits.metric.push_back(Counter(static_cast<double>(c.budget_waits.load())));
   out.push_back(std::move(waits));
 
-  MetricFamily errors = Family("meshnet_step_errors_total", "Failed calls, by error kind",
-                               MetricType::Counter);
+  MetricFamily errors =
+      Family("meshnet_step_errors_total", "Failed calls, by error kind", MetricType::Counter);
   for (ErrorKind k : kKinds) {
     errors.metric.push_back(Counter(static_cast<double>(c.errors[static_cast<int>(k)].load()),
                                     {{"kind", std::string(ErrorKindName(k))}}));
   }
   out.push_back(std::move(errors));
 
-  MetricFamily lat = Family("meshnet_step_latency_seconds", "Step latency on the node",
-                            MetricType::Histogram);
+  MetricFamily lat =
+      Family("meshnet_step_latency_seconds", "Step latency on the node", MetricType::Histogram);
   ClientMetric h;
   uint64_t cumulative = 0;
   for (int i = 0; i <= NodeCounters::kNumLatencyBuckets; ++i) {
     cumulative += static_cast<uint64_t>(c.latency_buckets[i].load());
     ClientMetric::Bucket b;
     b.cumulative_count = cumulative;
-    b.upper_bound = i < NodeCounters::kNumLatencyBuckets
-                        ? NodeCounters::LatencyBucketBound(i)
-                        : std::numeric_limits<double>::infinity();
+    b.upper_bound = i < NodeCounters::kNumLatencyBuckets ? NodeCounters::LatencyBucketBound(i)
+                                                         : std::numeric_limits<double>::infinity();
     h.histogram.bucket.push_back(b);
   }
   h.histogram.sample_count = cumulative;

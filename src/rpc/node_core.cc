@@ -98,8 +98,7 @@ struct NodeCore::Binding {
   int64_t result_bytes = 0;
 };
 
-NodeCore::NodeCore(shard::KvBoundaryAdapter* adapter, std::string model_id,
-                   NodeCoreOptions options)
+NodeCore::NodeCore(shard::KvBoundaryAdapter* adapter, std::string model_id, NodeCoreOptions options)
     : adapter_(adapter),
       endpoint_(adapter, std::move(model_id)),
       options_(options),
@@ -233,9 +232,8 @@ void NodeCore::TrimReplayCache(int64_t incoming) {
 void NodeCore::NotePeak() {
   const int64_t now = manager().Stats().bytes_reserved;
   int64_t peak = counters_.kv_bytes_reserved_peak.load(std::memory_order_relaxed);
-  while (now > peak &&
-         !counters_.kv_bytes_reserved_peak.compare_exchange_weak(peak, now,
-                                                                 std::memory_order_relaxed)) {
+  while (now > peak && !counters_.kv_bytes_reserved_peak.compare_exchange_weak(
+                           peak, now, std::memory_order_relaxed)) {
   }
 }
 
@@ -274,8 +272,8 @@ void NodeCore::Step(const pb::StepRequest& request, pb::StepResponse* response) 
           return b->in_flight && b->flight_epoch == epoch && b->flight_step == step_id;
         };
         if (!step_done_.wait_for(lock, kRetryWait, [&] { return !same_in_flight(); })) {
-          throw Error(ErrorKind::kSessionBusy, "step " + std::to_string(step_id) +
-                                                   " of this session is still running");
+          throw Error(ErrorKind::kSessionBusy,
+                      "step " + std::to_string(step_id) + " of this session is still running");
         }
         if (b->result && b->result_epoch == epoch && b->result_step == step_id) {
           if (b->result_digest != req_digest) {
@@ -357,9 +355,15 @@ void NodeCore::Step(const pb::StepRequest& request, pb::StepResponse* response) 
     finish(response);
     NotePeak();
     switch (response->result_case()) {
-      case pb::StepResponse::kBundle: counters_.steps_bundle.fetch_add(1); break;
-      case pb::StepResponse::kTail: counters_.steps_tail.fetch_add(1); break;
-      default: counters_.steps_miss.fetch_add(1); break;
+      case pb::StepResponse::kBundle:
+        counters_.steps_bundle.fetch_add(1);
+        break;
+      case pb::StepResponse::kTail:
+        counters_.steps_tail.fetch_add(1);
+        break;
+      default:
+        counters_.steps_miss.fetch_add(1);
+        break;
     }
     counters_.ObserveLatency(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -257,8 +257,7 @@ TEST_F(NodeCoreTest, MalformedInputIsRejectedAndChangesNothing) {
        "normalized"},
       {"epoch disagrees", [](pb::StepRequest& r) { r.mutable_bundle()->set_route_epoch(9); },
        "epoch"},
-      {"tokens to a middle", [](pb::StepRequest& r) { r.mutable_tokens()->add_ids(1); },
-       "bundle"},
+      {"tokens to a middle", [](pb::StepRequest& r) { r.mutable_tokens()->add_ids(1); }, "bundle"},
       {"bad session id", [](pb::StepRequest& r) { r.set_session_id("xyz"); }, "session id"},
   };
   for (const Case& c : cases) {

@@ -12,7 +12,7 @@ namespace meshnet::rpc {
 
 // How a client reaches nodes (meshnet generate --nodes ...).
 struct ClientOptions {
-  std::string auth_token;      // cluster token, sent as "authorization: Bearer <token>"
+  std::string auth_token;  // cluster token, sent as "authorization: Bearer <token>"
   // TLS: enabled when tls_ca is set (the CA that signed the nodes'
   // certificates). tls_cert + tls_key: this client's certificate for
   // nodes that require mutual TLS.
@@ -21,12 +21,12 @@ struct ClientOptions {
   std::string tls_key;
   std::string tls_server_name;  // expected name in the node certificates (default: the host)
 
-  double connect_timeout_s = 2.0;  // waiting for a (re)connection before a call is "dead"
-  double info_timeout_s = 2.0;     // deadline of Info calls
-  double timeout_s = 30.0;         // deadline of one Step (or Truncate) call
-  int step_retries = 1;            // re-sends of a step (same step id) on UNAVAILABLE
+  double connect_timeout_s = 2.0;      // waiting for a (re)connection before a call is "dead"
+  double info_timeout_s = 2.0;         // deadline of Info calls
+  double timeout_s = 30.0;             // deadline of one Step (or Truncate) call
+  int step_retries = 1;                // re-sends of a step (same step id) on UNAVAILABLE
   KvDtype wire_dtype = KvDtype::kF32;  // dtype of bundles on the wire (f32 is exact)
-  bool want_logits = false;        // ask the tail for the full logits row
+  bool want_logits = false;            // ask the tail for the full logits row
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;
@@ -38,14 +38,14 @@ struct ClientOptions {
 
 // A node's server side (meshnet serve).
 struct NodeServerOptions {
-  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
-  std::string metrics_listen;          // host:port of /metrics; empty: no exposer
-  std::string auth_token;              // empty: no cluster token required
-  std::string tls_cert;           // server certificate chain (PEM); enables TLS
-  std::string tls_key;            // its private key (PEM)
-  std::string tls_ca;             // if set: require client certificates signed by it
-  int max_rpc_threads = 64;            // gRPC handler threads
-  int64_t max_bindings = 4096;         // session bindings remembered (see node_core.h)
+  std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
+  std::string metrics_listen;               // host:port of /metrics; empty: no exposer
+  std::string auth_token;                   // empty: no cluster token required
+  std::string tls_cert;                     // server certificate chain (PEM); enables TLS
+  std::string tls_key;                      // its private key (PEM)
+  std::string tls_ca;                       // if set: require client certificates signed by it
+  int max_rpc_threads = 64;                 // gRPC handler threads
+  int64_t max_bindings = 4096;              // session bindings remembered (see node_core.h)
   int64_t replay_cache_bytes = 64LL << 20;  // bytes of cached step results for retries
 
   void Validate() const;

@@ -146,8 +146,8 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < o.step_retries &&
         impl_->channel->WaitForConnected(After(o.connect_timeout_s))) {
-      Log().debug("event=step_retry node={} step={} reason=\"{}\"", impl_->address,
-                    request.step_id, s.error_message());
+      Log().debug("event=step_retry node={} step={} reason=\"{}\"", impl_->address, request.step_id,
+                  s.error_message());
       continue;
     }
     ThrowForStatus(s, ctx, impl_->address, "Step");
@@ -177,7 +177,8 @@ class StreamClientImpl final : public StepStreamClient {
     try {
       return DecodeStepResponse(resp_, request.route_epoch);
     } catch (const Error& e) {
-      throw Error(ErrorKind::kUnavailable, address_ + ": StepStream: malformed answer: " + e.what());
+      throw Error(ErrorKind::kUnavailable,
+                  address_ + ": StepStream: malformed answer: " + e.what());
     }
   }
 
@@ -236,9 +237,8 @@ void RemoteEndpoint::Release(const std::string& session_id, const std::string& s
   }
 }
 
-int64_t RemoteEndpoint::Truncate(const std::string& session_id,
-                                 const std::string& session_secret, int64_t route_epoch,
-                                 int64_t length) {
+int64_t RemoteEndpoint::Truncate(const std::string& session_id, const std::string& session_secret,
+                                 int64_t route_epoch, int64_t length) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout_s, /*wait_for_ready=*/false);
   pb::TruncateRequest req;
@@ -384,8 +384,8 @@ mesh::Route RemoteRouteProvider::Plan() {
   std::vector<mesh::RouteCandidate> candidates;
   for (size_t i : usable) {
     const mesh::ShardInfo& s = infos[i]->shard;
-    candidates.push_back({m.endpoints[i]->name(), s.start_layer, s.end_layer, s.live_sessions,
-                          s.kv_bytes_free});
+    candidates.push_back(
+        {m.endpoints[i]->name(), s.start_layer, s.end_layer, s.live_sessions, s.kv_bytes_free});
   }
   std::vector<size_t> picked;
   try {
@@ -408,7 +408,8 @@ std::vector<std::string> ParseNodeList(const std::string& csv) {
   size_t pos = 0;
   while (true) {
     const size_t comma = csv.find(',', pos);
-    std::string item = csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     const size_t b = item.find_first_not_of(" \t");
     const size_t e = item.find_last_not_of(" \t");
     item = b == std::string::npos ? "" : item.substr(b, e - b + 1);

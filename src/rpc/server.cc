@@ -58,7 +58,8 @@ class MeshNodeService final : public pb::MeshNode::Service {
     pb::StepResponse out;
     while (stream->Read(&req)) {
       out.Clear();
-      grpc::Status s = Run(ctx, [&] { core_->Step(req, &out); }, /*check_token=*/false);
+      grpc::Status s = Run(
+          ctx, [&] { core_->Step(req, &out); }, /*check_token=*/false);
       if (!s.ok()) return s;
       if (!stream->Write(out)) break;
     }
@@ -158,9 +159,8 @@ void NodeServer::Start() {
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!m.options.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions ssl(
-        m.options.tls_ca.empty()
-            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+        m.options.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     if (!m.options.tls_ca.empty()) {
       ssl.pem_root_certs = ReadPemFile(m.options.tls_ca, "TLS CA");
     }
@@ -184,8 +184,8 @@ void NodeServer::Start() {
   m.server = builder.BuildAndStart();
   if (!m.server || port == 0) {
     m.server.reset();
-    throw Error(ErrorKind::kUnavailable, "cannot listen on '" + m.options.listen +
-                                             "' (address in use, or not host:port?)");
+    throw Error(ErrorKind::kUnavailable,
+                "cannot listen on '" + m.options.listen + "' (address in use, or not host:port?)");
   }
   m.bound = HostOf(m.options.listen) + ":" + std::to_string(port);
   if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(true);
@@ -195,14 +195,14 @@ void NodeServer::Start() {
       m.exposer = std::make_unique<prometheus::Exposer>(m.options.metrics_listen);
     } catch (const std::exception& e) {
       Shutdown(0);
-      throw Error(ErrorKind::kUnavailable, "cannot serve metrics on '" +
-                                               m.options.metrics_listen + "': " + e.what());
+      throw Error(ErrorKind::kUnavailable,
+                  "cannot serve metrics on '" + m.options.metrics_listen + "': " + e.what());
     }
     m.metrics = std::make_shared<NodeMetrics>(&m.core);
     m.exposer->RegisterCollectable(m.metrics);
     const auto ports = m.exposer->GetListeningPorts();
-    m.metrics_bound = HostOf(m.options.metrics_listen) + ":" +
-                      std::to_string(ports.empty() ? 0 : ports.front());
+    m.metrics_bound =
+        HostOf(m.options.metrics_listen) + ":" + std::to_string(ports.empty() ? 0 : ports.front());
   }
   spdlog::info("event=serving node={} layers={}-{} listen={} tls={} mtls={} token={} metrics={}",
                m.core.instance_id().substr(0, 8), m.core.adapter().role().start_layer,

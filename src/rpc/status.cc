@@ -7,9 +7,9 @@ namespace meshnet::rpc {
 namespace {
 
 constexpr std::array<ErrorKind, 10> kAllKinds = {
-    ErrorKind::kInvalidArgument, ErrorKind::kStaleEpoch,       ErrorKind::kIncompatibleRecipe,
-    ErrorKind::kBudgetExceeded,  ErrorKind::kCacheMiss,        ErrorKind::kSessionBusy,
-    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile,   ErrorKind::kUnavailable,
+    ErrorKind::kInvalidArgument,  ErrorKind::kStaleEpoch,    ErrorKind::kIncompatibleRecipe,
+    ErrorKind::kBudgetExceeded,   ErrorKind::kCacheMiss,     ErrorKind::kSessionBusy,
+    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile, ErrorKind::kUnavailable,
     ErrorKind::kPermissionDenied,
 };
 
@@ -73,12 +73,18 @@ ErrorKind ErrorKindFor(grpc::StatusCode code, std::optional<std::string_view> ki
     if (auto k = ParseErrorKindName(*kind_name)) return *k;
   }
   switch (code) {
-    case grpc::StatusCode::INVALID_ARGUMENT: return ErrorKind::kInvalidArgument;
-    case grpc::StatusCode::ABORTED: return ErrorKind::kStaleEpoch;
-    case grpc::StatusCode::FAILED_PRECONDITION: return ErrorKind::kIncompatibleRecipe;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return ErrorKind::kBudgetExceeded;
-    case grpc::StatusCode::NOT_FOUND: return ErrorKind::kCacheMiss;
-    default: return ErrorKind::kUnavailable;  // INTERNAL, UNKNOWN, UNIMPLEMENTED...: a broken peer
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return ErrorKind::kInvalidArgument;
+    case grpc::StatusCode::ABORTED:
+      return ErrorKind::kStaleEpoch;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return ErrorKind::kIncompatibleRecipe;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return ErrorKind::kBudgetExceeded;
+    case grpc::StatusCode::NOT_FOUND:
+      return ErrorKind::kCacheMiss;
+    default:
+      return ErrorKind::kUnavailable;  // INTERNAL, UNKNOWN, UNIMPLEMENTED...: a broken peer
   }
 }
 
@@ -107,69 +113,68 @@ void ThrowForStatus(const grpc::Status& status, const grpc::ClientContext& conte
 // checked. status.cc is linked into every binary that uses rpc/ (node and
 // client), so this covers `meshnet serve` too.
 extern "C" const char* __tsan_default_suppressions() {
-  return
-      "called_from_lib:libabsl_bad_optional_access.so\n"
-      "called_from_lib:libabsl_bad_variant_access.so\n"
-      "called_from_lib:libabsl_base.so\n"
-      "called_from_lib:libabsl_city.so\n"
-      "called_from_lib:libabsl_civil_time.so\n"
-      "called_from_lib:libabsl_cord.so\n"
-      "called_from_lib:libabsl_cord_internal.so\n"
-      "called_from_lib:libabsl_cordz_functions.so\n"
-      "called_from_lib:libabsl_cordz_handle.so\n"
-      "called_from_lib:libabsl_cordz_info.so\n"
-      "called_from_lib:libabsl_debugging_internal.so\n"
-      "called_from_lib:libabsl_demangle_internal.so\n"
-      "called_from_lib:libabsl_exponential_biased.so\n"
-      "called_from_lib:libabsl_graphcycles_internal.so\n"
-      "called_from_lib:libabsl_hash.so\n"
-      "called_from_lib:libabsl_hashtablez_sampler.so\n"
-      "called_from_lib:libabsl_int128.so\n"
-      "called_from_lib:libabsl_log_severity.so\n"
-      "called_from_lib:libabsl_low_level_hash.so\n"
-      "called_from_lib:libabsl_malloc_internal.so\n"
-      "called_from_lib:libabsl_random_distributions.so\n"
-      "called_from_lib:libabsl_random_internal_platform.so\n"
-      "called_from_lib:libabsl_random_internal_pool_urbg.so\n"
-      "called_from_lib:libabsl_random_internal_randen.so\n"
-      "called_from_lib:libabsl_random_internal_randen_hwaes.so\n"
-      "called_from_lib:libabsl_random_internal_randen_hwaes_impl.so\n"
-      "called_from_lib:libabsl_random_internal_randen_slow.so\n"
-      "called_from_lib:libabsl_random_internal_seed_material.so\n"
-      "called_from_lib:libabsl_random_seed_gen_exception.so\n"
-      "called_from_lib:libabsl_random_seed_sequences.so\n"
-      "called_from_lib:libabsl_raw_hash_set.so\n"
-      "called_from_lib:libabsl_raw_logging_internal.so\n"
-      "called_from_lib:libabsl_spinlock_wait.so\n"
-      "called_from_lib:libabsl_stacktrace.so\n"
-      "called_from_lib:libabsl_status.so\n"
-      "called_from_lib:libabsl_statusor.so\n"
-      "called_from_lib:libabsl_str_format_internal.so\n"
-      "called_from_lib:libabsl_strerror.so\n"
-      "called_from_lib:libabsl_strings.so\n"
-      "called_from_lib:libabsl_strings_internal.so\n"
-      "called_from_lib:libabsl_symbolize.so\n"
-      "called_from_lib:libabsl_synchronization.so\n"
-      "called_from_lib:libabsl_throw_delegate.so\n"
-      "called_from_lib:libabsl_time.so\n"
-      "called_from_lib:libabsl_time_zone.so\n"
-      "called_from_lib:libgrpc++.so\n"
-      "called_from_lib:libgrpc.so\n"
-      "called_from_lib:libgpr.so\n"
-      "called_from_lib:libupb.so\n"
-      "called_from_lib:libprotobuf.so\n"
-      "called_from_lib:libcrypto.so\n"
-      "called_from_lib:libssl.so\n"
-      "race:libabsl_\n"
-      "race:libgrpc\n"
-      "race:libgpr.so\n"
-      "race:libupb.so\n"
-      "race:libprotobuf\n"
-      "race:libcrypto.so\n"
-      "race:libssl.so\n"
-      "race:grpc::internal::\n"
-      "race:grpc::CompletionQueue\n"
-      "deadlock:libabsl_\n"
-      "deadlock:libgrpc\n";
+  return "called_from_lib:libabsl_bad_optional_access.so\n"
+         "called_from_lib:libabsl_bad_variant_access.so\n"
+         "called_from_lib:libabsl_base.so\n"
+         "called_from_lib:libabsl_city.so\n"
+         "called_from_lib:libabsl_civil_time.so\n"
+         "called_from_lib:libabsl_cord.so\n"
+         "called_from_lib:libabsl_cord_internal.so\n"
+         "called_from_lib:libabsl_cordz_functions.so\n"
+         "called_from_lib:libabsl_cordz_handle.so\n"
+         "called_from_lib:libabsl_cordz_info.so\n"
+         "called_from_lib:libabsl_debugging_internal.so\n"
+         "called_from_lib:libabsl_demangle_internal.so\n"
+         "called_from_lib:libabsl_exponential_biased.so\n"
+         "called_from_lib:libabsl_graphcycles_internal.so\n"
+         "called_from_lib:libabsl_hash.so\n"
+         "called_from_lib:libabsl_hashtablez_sampler.so\n"
+         "called_from_lib:libabsl_int128.so\n"
+         "called_from_lib:libabsl_log_severity.so\n"
+         "called_from_lib:libabsl_low_level_hash.so\n"
+         "called_from_lib:libabsl_malloc_internal.so\n"
+         "called_from_lib:libabsl_random_distributions.so\n"
+         "called_from_lib:libabsl_random_internal_platform.so\n"
+         "called_from_lib:libabsl_random_internal_pool_urbg.so\n"
+         "called_from_lib:libabsl_random_internal_randen.so\n"
+         "called_from_lib:libabsl_random_internal_randen_hwaes.so\n"
+         "called_from_lib:libabsl_random_internal_randen_hwaes_impl.so\n"
+         "called_from_lib:libabsl_random_internal_randen_slow.so\n"
+         "called_from_lib:libabsl_random_internal_seed_material.so\n"
+         "called_from_lib:libabsl_random_seed_gen_exception.so\n"
+         "called_from_lib:libabsl_random_seed_sequences.so\n"
+         "called_from_lib:libabsl_raw_hash_set.so\n"
+         "called_from_lib:libabsl_raw_logging_internal.so\n"
+         "called_from_lib:libabsl_spinlock_wait.so\n"
+         "called_from_lib:libabsl_stacktrace.so\n"
+         "called_from_lib:libabsl_status.so\n"
+         "called_from_lib:libabsl_statusor.so\n"
+         "called_from_lib:libabsl_str_format_internal.so\n"
+         "called_from_lib:libabsl_strerror.so\n"
+         "called_from_lib:libabsl_strings.so\n"
+         "called_from_lib:libabsl_strings_internal.so\n"
+         "called_from_lib:libabsl_symbolize.so\n"
+         "called_from_lib:libabsl_synchronization.so\n"
+         "called_from_lib:libabsl_throw_delegate.so\n"
+         "called_from_lib:libabsl_time.so\n"
+         "called_from_lib:libabsl_time_zone.so\n"
+         "called_from_lib:libgrpc++.so\n"
+         "called_from_lib:libgrpc.so\n"
+         "called_from_lib:libgpr.so\n"
+         "called_from_lib:libupb.so\n"
+         "called_from_lib:libprotobuf.so\n"
+         "called_from_lib:libcrypto.so\n"
+         "called_from_lib:libssl.so\n"
+         "race:libabsl_\n"
+         "race:libgrpc\n"
+         "race:libgpr.so\n"
+         "race:libupb.so\n"
+         "race:libprotobuf\n"
+         "race:libcrypto.so\n"
+         "race:libssl.so\n"
+         "race:grpc::internal::\n"
+         "race:grpc::CompletionQueue\n"
+         "deadlock:libabsl_\n"
+         "deadlock:libgrpc\n";
 }
 #endif

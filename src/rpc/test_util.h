@@ -56,8 +56,10 @@ inline TestPki MakeTestPki(const ScratchDir& dir) {
   const std::string key = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   std::ostringstream sh;
   sh << "cd '" << d << "' && set -e && "
-     << "openssl req -x509" << key << " -keyout ca.key -out ca.pem -days 1 -subj /CN=meshnet-test-ca && "
-     << "openssl req -x509" << key << " -keyout other.key -out other.pem -days 1 -subj /CN=other-ca && "
+     << "openssl req -x509" << key
+     << " -keyout ca.key -out ca.pem -days 1 -subj /CN=meshnet-test-ca && "
+     << "openssl req -x509" << key
+     << " -keyout other.key -out other.pem -days 1 -subj /CN=other-ca && "
      << "openssl req" << key << " -keyout server.key -out server.csr -subj /CN=localhost && "
      << "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
         "-extfile server.ext -out server.pem && "

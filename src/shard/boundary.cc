@@ -52,8 +52,9 @@ void CheckBoundary(const BoundaryBundle& b, const CertifiedArchitecture& arch, i
              arch.boundary_tensor_name + "'");
   }
   if (b.normalized) {
-    Contract("boundary bundle is normalized; a shard range must receive the UNNORMALIZED "
-             "architecture-defined residual");
+    Contract(
+        "boundary bundle is normalized; a shard range must receive the UNNORMALIZED "
+        "architecture-defined residual");
   }
   if (b.next_layer != start_layer) {
     Contract("boundary hands over at layer " + std::to_string(b.next_layer) +
@@ -66,8 +67,9 @@ void CheckBoundary(const BoundaryBundle& b, const CertifiedArchitecture& arch, i
   if (b.n_tokens <= 0 || static_cast<int64_t>(b.positions.size()) != b.n_tokens ||
       static_cast<int64_t>(b.residual.size()) != b.n_tokens * b.n_embd) {
     Contract("boundary shape mismatch: n_tokens " + std::to_string(b.n_tokens) + ", positions " +
-             std::to_string(b.positions.size()) + ", residual " + std::to_string(b.residual.size()) +
-             " floats (expected n_tokens * " + std::to_string(b.n_embd) + ")");
+             std::to_string(b.positions.size()) + ", residual " +
+             std::to_string(b.residual.size()) + " floats (expected n_tokens * " +
+             std::to_string(b.n_embd) + ")");
   }
   for (int64_t i = 0; i < b.n_tokens; ++i) {
     if (b.positions[i] != expected_start_pos + i) {

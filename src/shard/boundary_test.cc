@@ -59,10 +59,21 @@ TEST(Boundary, AcceptsAliasAndChecksEachField) {
       {"width", [](BoundaryBundle& b) { b.n_embd = 4; }},
       {"residual size", [](BoundaryBundle& b) { b.residual.pop_back(); }},
       {"positions size", [](BoundaryBundle& b) { b.positions.pop_back(); }},
-      {"positions start", [](BoundaryBundle& b) { b.positions = {8, 9}; }},
-      {"positions gap", [](BoundaryBundle& b) { b.positions = {7, 9}; }},
+      {"positions start",
+       [](BoundaryBundle& b) {
+         b.positions = {8, 9};
+       }},
+      {"positions gap",
+       [](BoundaryBundle& b) {
+         b.positions = {7, 9};
+       }},
       {"nan", [](BoundaryBundle& b) { b.residual[1] = std::nanf(""); }},
-      {"empty", [](BoundaryBundle& b) { b.n_tokens = 0; b.residual.clear(); b.positions.clear(); }},
+      {"empty",
+       [](BoundaryBundle& b) {
+         b.n_tokens = 0;
+         b.residual.clear();
+         b.positions.clear();
+       }},
   };
   for (auto& [what, breaker] : breakers) {
     BoundaryBundle b = GoodBundle();
@@ -111,13 +122,21 @@ TEST(Sampling, FrequenciesFollowTheDistribution) {
 }
 
 TEST(Sampling, ValidateRejectsBadValues) {
-  EXPECT_EQ(KindOf([] { SamplingContract{-1.0f, 0, 1.0f, 0}.Validate(); }),
+  EXPECT_EQ(KindOf([] {
+              SamplingContract{-1.0f, 0, 1.0f, 0}.Validate();
+            }),
             ErrorKind::kInvalidArgument);
-  EXPECT_EQ(KindOf([] { SamplingContract{1.0f, -2, 1.0f, 0}.Validate(); }),
+  EXPECT_EQ(KindOf([] {
+              SamplingContract{1.0f, -2, 1.0f, 0}.Validate();
+            }),
             ErrorKind::kInvalidArgument);
-  EXPECT_EQ(KindOf([] { SamplingContract{1.0f, 0, 0.0f, 0}.Validate(); }),
+  EXPECT_EQ(KindOf([] {
+              SamplingContract{1.0f, 0, 0.0f, 0}.Validate();
+            }),
             ErrorKind::kInvalidArgument);
-  EXPECT_EQ(KindOf([] { SamplingContract{1.0f, 0, 1.5f, 0}.Validate(); }),
+  EXPECT_EQ(KindOf([] {
+              SamplingContract{1.0f, 0, 1.5f, 0}.Validate();
+            }),
             ErrorKind::kInvalidArgument);
 }
 

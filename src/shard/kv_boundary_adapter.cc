@@ -52,8 +52,9 @@ StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route
   if (role_.is_head()) {
     if (!input.token_ids) Contract("the head owns token embedding and must receive token IDs");
     if (input.bundle != nullptr) {
-      Contract("the head owns token embedding; it must not receive a boundary bundle from an "
-               "upstream range");
+      Contract(
+          "the head owns token embedding; it must not receive a boundary bundle from an "
+          "upstream range");
     }
     n_new = static_cast<int64_t>(input.token_ids->size());
     if (n_new == 0) Contract("a step must carry at least one token");
@@ -80,8 +81,8 @@ StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route
   if (validate_only) return kv::CacheMiss{};
 
   // 2. Reserve rows (resolve + budget); a gone state is an explicit miss.
-  kv::StepResult begun = manager_->BeginStep(session_id, route_epoch, n_new, &recipe_,
-                                             expected_seq_len);
+  kv::StepResult begun =
+      manager_->BeginStep(session_id, route_epoch, n_new, &recipe_, expected_seq_len);
   if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
   kv::KvStep step = std::move(std::get<kv::KvStep>(begun));
   const int64_t start = step.start_pos();

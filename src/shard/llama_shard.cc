@@ -130,10 +130,10 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
   for (const model::LayerWeights& lw : weights_.layers()) {
     const ops::PagedKvLayer kv = step.Layer(lw.layer);
     // ---- attention ----
-    ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);       // (n, n_embd)
-    ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);          // (n, q_dim)
-    ops::MatMul(W(lw.wk), xb, n, ws->k.data(), mm, pool_);          // (n, kv_dim)
-    ops::MatMul(W(lw.wv), xb, n, ws->v.data(), mm, pool_);          // (n, kv_dim)
+    ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
+    ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);     // (n, q_dim)
+    ops::MatMul(W(lw.wk), xb, n, ws->k.data(), mm, pool_);     // (n, kv_dim)
+    ops::MatMul(W(lw.wv), xb, n, ws->v.data(), mm, pool_);     // (n, kv_dim)
     ops::Rope(ws->q.data(), n, hp.n_heads, hp.head_dim, rope, start);
     ops::Rope(ws->k.data(), n, hp.n_kv_heads, hp.head_dim, rope, start);
     for (int64_t t = 0; t < n; ++t) {  // the step's reserved rows
@@ -144,9 +144,9 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
     ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);     // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
     // ---- feed-forward (SwiGLU) ----
-    ops::RmsNorm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);            // (n, n_embd)
-    ops::MatMul(W(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);       // (n, n_ff)
-    ops::MatMul(W(lw.w_up), xb, n, ws->up.data(), mm, pool_);           // (n, n_ff)
+    ops::RmsNorm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);       // (n, n_embd)
+    ops::MatMul(W(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);  // (n, n_ff)
+    ops::MatMul(W(lw.w_up), xb, n, ws->up.data(), mm, pool_);      // (n, n_ff)
     ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
     ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
@@ -156,7 +156,8 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
 
 void LlamaShard::Logits(const float* hidden_row, float* logits) const {
   if (!role_.is_tail()) {
-    throw Error(ErrorKind::kBoundaryContract, "only the tail shard owns the final norm and LM head");
+    throw Error(ErrorKind::kBoundaryContract,
+                "only the tail shard owns the final norm and LM head");
   }
   std::unique_ptr<Workspace> ws = Acquire(1);
   ops::RmsNorm(hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps,

@@ -9,9 +9,12 @@ namespace meshnet {
 
 std::string_view KvDtypeName(KvDtype t) {
   switch (t) {
-    case KvDtype::kF32: return "float32";
-    case KvDtype::kF16: return "float16";
-    case KvDtype::kBF16: return "bfloat16";
+    case KvDtype::kF32:
+      return "float32";
+    case KvDtype::kF16:
+      return "float16";
+    case KvDtype::kBF16:
+      return "bfloat16";
   }
   return "?";
 }

@@ -47,16 +47,38 @@ inline float Bf16ToFloat(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b)
 // Store/load one element of `t` at `p`.
 inline void StoreAs(KvDtype t, void* p, float v) {
   switch (t) {
-    case KvDtype::kF32: std::memcpy(p, &v, 4); break;
-    case KvDtype::kF16: { uint16_t h = FloatToHalf(v); std::memcpy(p, &h, 2); break; }
-    case KvDtype::kBF16: { uint16_t h = FloatToBf16(v); std::memcpy(p, &h, 2); break; }
+    case KvDtype::kF32:
+      std::memcpy(p, &v, 4);
+      break;
+    case KvDtype::kF16: {
+      uint16_t h = FloatToHalf(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case KvDtype::kBF16: {
+      uint16_t h = FloatToBf16(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
   }
 }
 inline float LoadAs(KvDtype t, const void* p) {
   switch (t) {
-    case KvDtype::kF32: { float v; std::memcpy(&v, p, 4); return v; }
-    case KvDtype::kF16: { uint16_t h; std::memcpy(&h, p, 2); return HalfToFloat(h); }
-    case KvDtype::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return Bf16ToFloat(h); }
+    case KvDtype::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case KvDtype::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return HalfToFloat(h);
+    }
+    case KvDtype::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return Bf16ToFloat(h);
+    }
   }
   return 0;
 }

@@ -19,7 +19,8 @@ std::string ToHex(const unsigned char* d, unsigned n) {
 }  // namespace
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  if (ctx_ == nullptr || EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
+  if (ctx_ == nullptr ||
+      EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
     throw std::runtime_error("OpenSSL SHA-256 init failed");
   }
 }

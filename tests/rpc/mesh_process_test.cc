@@ -60,12 +60,11 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, const mesh::G
 
 class MeshProcessTest : public ::testing::Test {
  protected:
-  std::unique_ptr<NodeProcess> Start(const std::string& layers,
-                                     std::vector<std::string> extra = {},
+  std::unique_ptr<NodeProcess> Start(const std::string& layers, std::vector<std::string> extra = {},
                                      const std::string& listen = "127.0.0.1:0",
                                      bool metrics = false) {
-    std::vector<std::string> args = {"--model", kModel,   "--layers",  layers,
-                                     "--listen", listen,  "--threads", "1"};
+    std::vector<std::string> args = {"--model",  kModel, "--layers",  layers,
+                                     "--listen", listen, "--threads", "1"};
     if (metrics) extra.insert(extra.end(), {"--metrics-listen", "127.0.0.1:0"});
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string log = dir_.file("node-" + std::to_string(++started_) + ".log");
@@ -100,8 +99,8 @@ TEST_F(MeshProcessTest, ThreeNodeRouteMatchesInProcess) {
 
 TEST_F(MeshProcessTest, KilledMiddleNodeFailsOverToStandby) {
   auto a = Start("0-1"), b1 = Start("2-3"), b2 = Start("2-3"), c = Start("4-4");
-  auto provider = MakeRemoteRouteProvider(
-      {a->address(), b1->address(), b2->address(), c->address()}, Client());
+  auto provider =
+      MakeRemoteRouteProvider({a->address(), b1->address(), b2->address(), c->address()}, Client());
   RemoteEndpoint probe1(b1->address(), Client()), probe2(b2->address(), Client());
   const auto o = Options(40);
   int seen = 0;
@@ -184,7 +183,8 @@ TEST_F(MeshProcessTest, SixteenConcurrentSessionsUnderEvictionStayCorrectAndInBu
     EXPECT_EQ(info.shard.kv_budget_bytes, 96 << 10);
     const std::string metrics = testing::HttpGet(nodes[i]->metrics_address(), "/metrics");
     ASSERT_THAT(metrics, HasSubstr("meshnet_kv_evictions_total"));
-    evictions += testing::MetricValue(metrics, "meshnet_kv_evictions_total{reason=\"evicted-lru\"}");
+    evictions +=
+        testing::MetricValue(metrics, "meshnet_kv_evictions_total{reason=\"evicted-lru\"}");
     EXPECT_LE(testing::MetricValue(metrics, "meshnet_kv_bytes_reserved_peak"), 96 << 10);
   }
   EXPECT_GT(evictions, 0);
@@ -218,7 +218,10 @@ TEST_F(MeshProcessTest, MalformedInputIsRejectedWhileOtherSessionsKeepGoing) {
         [](mesh::StepRequest& r) { r.bundle->residual.resize(63); },
         [](mesh::StepRequest& r) { r.bundle->tensor_name = "hidden"; },
         [](mesh::StepRequest& r) { r.bundle->positions = {4}; },
-        [](mesh::StepRequest& r) { r.bundle.reset(); r.token_ids = {1}; },
+        [](mesh::StepRequest& r) {
+          r.bundle.reset();
+          r.token_ids = {1};
+        },
         [](mesh::StepRequest& r) { r.session_id = "short"; },
     };
     for (auto& brk : breakers) {

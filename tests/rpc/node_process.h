@@ -3,13 +3,13 @@
 // destruction. Its stderr goes to a log file that failing tests can print.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <fcntl.h>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
