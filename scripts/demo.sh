@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main job on one machine: install dependencies, build, start a local mesh
 # of three `meshnet serve` nodes on 127.0.0.1 (layers 0-1, 2-3 and 4-4 of the
-# shipped stories260K model), and generate through it with
-# `meshnet generate --nodes`. The nodes are stopped on exit.
+# shipped stories260K model), generate through it with `meshnet generate
+# --nodes`, then start the OpenAI-compatible API (`meshnet api --nodes`) in
+# front of the same nodes and stream a chat answer with curl. The nodes and
+# the API are stopped on exit; with MESHNET_DEMO_SERVE=1 the API stays up (chat
+# page at its address) until Ctrl-C.
 #
 #   scripts/demo.sh ["prompt"] [extra generate flags...]
 set -euo pipefail
@@ -44,3 +47,24 @@ done
 
 nodes=$(IFS=,; echo "${addrs[*]}")
 "$bin" generate --nodes "$nodes" --prompt "$prompt" --max-tokens 64 "$@"
+
+# The API in front of the same nodes.
+"$bin" api --nodes "$nodes" --listen "${MESHNET_API_LISTEN:-127.0.0.1:0}" \
+  >"$tmp/api.out" 2>"$tmp/api.err" &
+pids+=($!)
+for _ in $(seq 1 200); do
+  if grep -q '^listening on ' "$tmp/api.out" 2>/dev/null; then break; fi
+  if ! kill -0 "${pids[-1]}" 2>/dev/null; then cat "$tmp/api.err" >&2; exit 1; fi
+  sleep 0.05
+done
+api=$(sed -n 's/^listening on //p' "$tmp/api.out" | head -n1)
+[[ -n "$api" ]] || { echo "meshnet api did not start" >&2; exit 1; }
+echo "meshnet api on http://$api (chat page at /)" >&2
+escaped=$(printf '%s' "$prompt" | sed 's/\\/\\\\/g; s/"/\\"/g')
+body=$(printf '{"model":"stories260K","messages":[{"role":"user","content":"%s"}],"max_tokens":48,"temperature":0,"stream":true}' "$escaped")
+echo "\$ curl -N http://$api/v1/chat/completions -H 'Content-Type: application/json' -d '$body'" >&2
+curl -sS -N "http://$api/v1/chat/completions" -H 'Content-Type: application/json' -d "$body"
+if [[ "${MESHNET_DEMO_SERVE:-0}" == 1 ]]; then
+  echo "serving http://$api until Ctrl-C" >&2
+  wait "${pids[-1]}"
+fi

@@ -13,7 +13,24 @@ PKGS=(
   prometheus-cpp-dev
   libhwy-dev
   python3-numpy
+  libcpp-httplib-dev curl chromium
 )
+# meshnet api's client and browser tests need Node + npm. Debian's `npm`
+# package conflicts with an npm installed another way, so only ask apt for
+# them when they are missing.
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+
+# The pinned npm packages (openai, playwright-core) of tests/api.
+npm_ci() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/api"
+  [[ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ]] && return 0
+  if [[ -f "$dir/package-lock.json" ]] && command -v npm >/dev/null 2>&1; then
+    (cd "$dir" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null)
+    echo "install-deps: npm ci in tests/api"
+  fi
+}
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -21,6 +38,7 @@ for p in "${PKGS[@]}"; do
 done
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#PKGS[@]} packages present"
+  npm_ci
   exit 0
 fi
 SUDO=""
@@ -29,3 +47,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+npm_ci

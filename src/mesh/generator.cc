@@ -144,6 +144,10 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
   };
 
   while (static_cast<int>(result.generated_ids.size()) < options.max_tokens) {
+    if (events.stop_requested && events.stop_requested()) {
+      result.stopped = true;
+      break;
+    }
     const bool prefill = need_prefill;
     std::span<const int32_t> tokens =
         prefill ? std::span<const int32_t>(history) : std::span<const int32_t>(&history.back(), 1);

@@ -73,6 +73,10 @@ struct GenerateEvents {
   std::function<void(const std::string&)> on_recovery;  // a human line per recovery
   // The tail's logits for each sampled token (including one that is EOS).
   std::function<void(std::span<const float> logits)> on_logits;
+  // Asked before every step: true ends the generation there (the state is
+  // still released when release_at_end). A client that went away or a stop
+  // sequence that matched stops within one token this way.
+  std::function<bool()> stop_requested;
 };
 
 struct GenerateResult {
@@ -81,6 +85,7 @@ struct GenerateResult {
   int failovers = 0;    // after a dead hop
   int64_t final_epoch = 0;
   std::string final_route;
+  bool stopped = false;  // ended by events.stop_requested
 };
 
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,

@@ -232,3 +232,25 @@ TEST(Generator, RandomIdsAre128BitHex) {
 
 }  // namespace
 }  // namespace meshnet::mesh
+
+namespace meshnet::mesh {
+namespace {
+
+TEST(Generator, StopRequestedEndsBeforeTheNextStepAndReleasesEveryHop) {
+  ToyProvider p;
+  GenerateEvents events;
+  int seen = 0;
+  events.on_token = [&](int32_t) { ++seen; };
+  events.stop_requested = [&] { return seen == 5; };
+  GenerateResult r = Generate(p, kPrompt, Opts(20), events);
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.generated_ids, Expected(kPrompt, 5));
+  EXPECT_EQ(p.head->steps_, 5);  // no step after the request
+  EXPECT_EQ(p.head->releases_, 1);
+  EXPECT_EQ(p.tail->releases_, 1);
+  EXPECT_TRUE(p.head->state_.empty());
+  EXPECT_TRUE(p.tail->state_.empty());
+}
+
+}  // namespace
+}  // namespace meshnet::mesh

@@ -1,0 +1,203 @@
+// /v1/completions and /v1/chat/completions, plain JSON or Server-Sent Events.
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "api/api_error.h"
+#include "api/handlers.h"
+#include "mesh/generator.h"
+
+namespace meshnet::api {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// What every response and chunk of one request shares.
+struct ResponseHead {
+  bool chat = false;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  bool include_usage = false;
+};
+
+json Usage(const GenerationOutcome& o) {
+  return {{"prompt_tokens", o.prompt_tokens},
+          {"completion_tokens", o.completion_tokens},
+          {"total_tokens", o.prompt_tokens + o.completion_tokens}};
+}
+
+json Envelope(const ResponseHead& h, bool chunk) {
+  json j;
+  j["id"] = h.id;
+  j["object"] = h.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  j["created"] = h.created;
+  j["model"] = h.model;
+  return j;
+}
+
+json FullResponse(const ResponseHead& h, const GenerationOutcome& o) {
+  json choice = {{"index", 0}, {"finish_reason", o.finish_reason}, {"logprobs", nullptr}};
+  if (h.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", o.text}};
+  } else {
+    choice["text"] = o.text;
+  }
+  json j = Envelope(h, false);
+  j["choices"] = json::array({choice});
+  j["usage"] = Usage(o);
+  return j;
+}
+
+// One chunk with a single choice: a delta (chat) or text (completions).
+json Chunk(const ResponseHead& h, const json& delta, const std::string& text,
+           const json& finish_reason) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  if (h.chat) {
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json j = Envelope(h, true);
+  j["choices"] = json::array({choice});
+  if (h.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+// Sends one SSE event. The blank line that ends it is a second write: a peer
+// that has gone away answers the first write with a reset, so the second one
+// fails and the generation stops before computing another token.
+bool SendEvent(httplib::DataSink& sink, const std::string& data) {
+  const std::string head = "data: " + data + "\n";
+  return sink.write(head.data(), head.size()) && sink.write("\n", 1);
+}
+
+bool SendJsonEvent(httplib::DataSink& sink, const json& j) {
+  return SendEvent(sink, j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+struct StreamState {
+  Engine* engine;
+  ResponseHead head;
+  PreparedGeneration gen;
+  Clock::time_point arrival;
+  std::unique_ptr<AdmissionSlot> slot;
+};
+
+// Returns true when the stream ended normally (sink.done() called).
+bool Stream(StreamState& st, httplib::DataSink& sink) {
+  const ResponseHead& h = st.head;
+  bool alive = true;
+  if (h.chat) {
+    alive = SendJsonEvent(sink, Chunk(h, {{"role", "assistant"}, {"content", ""}}, "", nullptr));
+  }
+  try {
+    if (!alive) return false;
+    GenerationOutcome o = st.engine->Run(st.gen, st.arrival, [&](const std::string& text) {
+      return SendJsonEvent(sink, Chunk(h, {{"content", text}}, text, nullptr));
+    });
+    if (o.client_gone) return false;
+    if (!SendJsonEvent(sink, Chunk(h, json::object(), "", o.finish_reason))) return false;
+    if (h.include_usage) {
+      json u = Envelope(h, true);
+      u["choices"] = json::array();
+      u["usage"] = Usage(o);
+      if (!SendJsonEvent(sink, u)) return false;
+    }
+  } catch (const ApiError& e) {
+    // Headers are out: the error travels as an event, as OpenAI's API does.
+    if (!SendJsonEvent(sink, e.ToJson())) return false;
+  }
+  if (!SendEvent(sink, "[DONE]")) return false;
+  sink.done();
+  return true;
+}
+
+}  // namespace
+
+void SetJson(httplib::Response& res, const json& j, int status) {
+  res.status = status;
+  res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+                  "application/json");
+}
+
+void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Response& res,
+                      bool chat) {
+  const Clock::time_point arrival = Clock::now();
+  const CompletionRequest r = ParseCompletionRequest(ParseJsonBody(req.body), chat);
+  PreparedGeneration gen = engine.Prepare(r);
+  switch (engine.admission().Acquire()) {
+    case Admission::Outcome::kAdmitted:
+      break;
+    case Admission::Outcome::kQueueFull:
+      throw ApiError(429, "too many requests: every generation slot and queue place is taken",
+                     "rate_limit_error", "", "queue_full");
+    case Admission::Outcome::kShuttingDown:
+      throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+  }
+  auto slot = std::make_unique<AdmissionSlot>(&engine.admission());
+  ResponseHead head;
+  head.chat = chat;
+  head.id = (chat ? "chatcmpl-" : "cmpl-") + mesh::RandomId128().substr(0, 24);
+  head.created = static_cast<int64_t>(std::time(nullptr));
+  head.model = engine.options().model_name;
+  head.include_usage = r.include_usage;
+  if (!r.stream) {
+    const GenerationOutcome o = engine.Run(gen, arrival, [](const std::string&) { return true; });
+    SetJson(res, FullResponse(head, o));
+    return;
+  }
+  auto st = std::make_shared<StreamState>(
+      StreamState{&engine, std::move(head), std::move(gen), arrival, std::move(slot)});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider("text/event-stream", [st](size_t, httplib::DataSink& sink) {
+    const bool ok = Stream(*st, sink);  // one call does the whole stream
+    st->slot.reset();
+    return ok;
+  });
+}
+
+void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Response& res) {
+  const json body = ParseJsonBody(req.body);
+  auto it = body.find("content");
+  if (it == body.end() || !it->is_string())
+    ThrowBadRequest("'content' must be a string", "content");
+  bool add_special = false;
+  if (auto s = body.find("add_special"); s != body.end() && !s->is_null()) {
+    if (!s->is_boolean()) ThrowBadRequest("'add_special' must be a boolean", "add_special");
+    add_special = s->get<bool>();
+  }
+  const std::vector<int32_t> ids = engine.Tokenize(it->get<std::string>(), add_special);
+  SetJson(res, {{"tokens", ids}});
+}
+
+void HandleDetokenize(Engine& engine, const httplib::Request& req, httplib::Response& res) {
+  const json body = ParseJsonBody(req.body);
+  auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) ThrowBadRequest("'tokens' must be an array", "tokens");
+  std::vector<int32_t> ids;
+  for (const json& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= engine.tokenizer().vocab_size()) {
+      ThrowBadRequest("'tokens' must hold ids in [0, " +
+                          std::to_string(engine.tokenizer().vocab_size()) + "), got " + t.dump(),
+                      "tokens");
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  SetJson(res, {{"content", engine.tokenizer().Decode(ids)}});
+}
+
+void HandleApplyTemplate(Engine& engine, const httplib::Request& req, httplib::Response& res) {
+  const json body = ParseJsonBody(req.body);
+  auto it = body.find("messages");
+  if (it == body.end()) ThrowBadRequest("'messages' is required", "messages");
+  json tools = body.value("tools", json());
+  if (!tools.is_null() && !tools.is_array()) ThrowBadRequest("'tools' must be an array", "tools");
+  SetJson(res, {{"prompt", engine.RenderChat(ParseMessages(*it), true, tools)}});
+}
+
+}  // namespace meshnet::api

@@ -1,0 +1,173 @@
+#include "api/engine.h"
+
+#include <random>
+#include <utility>
+
+#include "api/api_error.h"
+#include "api/text_stream.h"
+#include "util/error.h"
+
+namespace meshnet::api {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+ApiError FromMeshError(const Error& e) {
+  switch (e.kind()) {
+    case ErrorKind::kInvalidArgument:
+      return ApiError(400, e.what(), "invalid_request_error");
+    case ErrorKind::kBudgetExceeded:
+      return ApiError(503, std::string("the mesh has no KV room for this request: ") + e.what(),
+                      "server_error", "", "kv_budget_exceeded");
+    default:
+      return ApiError(503, std::string("no route could serve the request: ") + e.what(),
+                      "server_error", "", "route_unavailable");
+  }
+}
+
+}  // namespace
+
+Engine::Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFactory providers,
+               EngineOptions options)
+    : tokenizer_(std::move(tokenizer)),
+      formatter_(std::move(formatter)),
+      providers_(std::move(providers)),
+      options_(std::move(options)),
+      admission_(options_.max_concurrent, options_.max_queue) {}
+
+std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special) const {
+  // Special-token parsing (issue 9) will switch on here; today markers such as
+  // <|im_start|> tokenize as text.
+  return tokenizer_.Encode(text, add_special && tokenizer_.add_bos());
+}
+
+std::string Engine::RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                               const nlohmann::json& tools) const {
+  return formatter_.Render(messages, add_generation_prompt, tools);
+}
+
+PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
+  if (!r.model.empty() && r.model != options_.model_name) {
+    throw ApiError(404,
+                   "the model '" + r.model + "' does not exist; this server serves '" +
+                       options_.model_name + "'",
+                   "invalid_request_error", "model", "model_not_found");
+  }
+  PreparedGeneration g;
+  if (r.chat) {
+    g.prompt_ids = Tokenize(RenderChat(r.messages, true, r.tools), true);
+  } else if (r.prompt_text) {
+    g.prompt_ids = Tokenize(*r.prompt_text, true);
+  } else {
+    for (int32_t id : r.prompt_ids) {
+      if (id >= tokenizer_.vocab_size()) {
+        ThrowBadRequest("token id " + std::to_string(id) + " is outside the vocabulary (" +
+                            std::to_string(tokenizer_.vocab_size()) + " tokens)",
+                        "prompt");
+      }
+    }
+    g.prompt_ids = r.prompt_ids;
+  }
+  if (g.prompt_ids.empty()) ThrowBadRequest("the prompt encodes to no tokens", "prompt");
+  const int64_t n = static_cast<int64_t>(g.prompt_ids.size());
+  if (n >= options_.ctx) {
+    ThrowBadRequest("the prompt is " + std::to_string(n) + " tokens; the context holds " +
+                        std::to_string(options_.ctx) + " (prompt + completion)",
+                    r.chat ? "messages" : "prompt", "context_length_exceeded");
+  }
+  const int room = static_cast<int>(options_.ctx - n);
+  // OpenAI's defaults: 16 tokens for completions, up to the context for chat.
+  const int wanted = r.max_tokens.value_or(r.chat ? room : 16);
+  g.max_tokens = std::min(wanted, room);
+  g.sampling.temperature = r.temperature;
+  g.sampling.top_p = r.top_p;
+  g.sampling.top_k = r.top_k;
+  g.sampling.seed = r.seed ? *r.seed : std::random_device{}();
+  g.stop = r.stop;
+  return g;
+}
+
+GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point arrival,
+                              const std::function<bool(const std::string&)>& emit) {
+  GenerationOutcome out;
+  out.prompt_tokens = static_cast<int>(gen.prompt_ids.size());
+  TextStream stream(gen.stop);
+  int32_t prev = gen.prompt_ids.back();
+  Clock::time_point last = arrival;
+  auto send = [&](const std::string& text) {
+    if (text.empty() || out.client_gone) return;
+    out.text += text;
+    if (!emit(text)) out.client_gone = true;
+  };
+
+  mesh::GenerateOptions options;
+  options.max_tokens = gen.max_tokens;
+  options.sampling = gen.sampling;
+  if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
+  mesh::GenerateEvents events;
+  events.on_token = [&](int32_t id) {
+    const Clock::time_point now = Clock::now();
+    if (out.completion_tokens == 0) {
+      metrics_.ObserveTimeToFirstToken(Seconds(now - arrival));
+    } else {
+      metrics_.ObserveInterTokenLatency(Seconds(now - last));
+    }
+    last = now;
+    ++out.completion_tokens;
+    send(stream.Push(tokenizer_.DecodePiece(prev, id)));
+    prev = id;
+  };
+  events.stop_requested = [&] {
+    return out.client_gone || stream.stopped() || PastShutdownDeadline();
+  };
+  mesh::GenerateResult result;
+  try {
+    std::unique_ptr<mesh::RouteProvider> provider = providers_();
+    result = mesh::Generate(*provider, gen.prompt_ids, options, events);
+  } catch (const Error& e) {
+    throw FromMeshError(e);
+  }
+  if (!stream.stopped()) send(stream.Finish());
+  const bool hit_length = !result.stopped && out.completion_tokens >= gen.max_tokens;
+  out.finish_reason = hit_length ? "length" : "stop";
+  metrics_.AddTokens(out.prompt_tokens, out.completion_tokens);
+  return out;
+}
+
+nlohmann::json Engine::Health() {
+  nlohmann::json hops = nlohmann::json::array();
+  try {
+    mesh::Route route = providers_()->Plan();
+    for (const auto& hop : route.hops) {
+      const mesh::ShardInfo info = hop->Info();
+      hops.push_back({{"name", hop->name()},
+                      {"start_layer", info.start_layer},
+                      {"end_layer", info.end_layer},
+                      {"live_sessions", info.live_sessions},
+                      {"kv_bytes_free", info.kv_bytes_free}});
+    }
+  } catch (const Error& e) {
+    throw ApiError(503, std::string("no route is available: ") + e.what(), "server_error", "",
+                   "route_unavailable");
+  }
+  return {{"status", "ok"}, {"hops", hops}};
+}
+
+void Engine::BeginShutdown(Clock::time_point deadline) {
+  deadline_ns_ =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+  shutting_down_ = true;
+  admission_.Shutdown();
+}
+
+bool Engine::PastShutdownDeadline() const {
+  if (!shutting_down_) return false;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  return now >= deadline_ns_;
+}
+
+}  // namespace meshnet::api

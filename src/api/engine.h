@@ -1,0 +1,105 @@
+// The engine behind the HTTP handlers: turns a parsed request into prompt
+// tokens (chat rendering, the one tokenizer call site, context checks) and
+// runs it as one session on a route (mesh::Generate), streaming the visible
+// text through a callback. Admission control and metrics live here so every
+// endpoint shares them.
+//
+// Cancellation: the callback returns false when the client is gone; the
+// generation then stops before its next step (within one token) and the
+// session is released on every hop. Shutdown cancels whatever is still
+// running once its grace deadline passes.
+//
+// Thread-safety: Prepare/Run/Health may run concurrently from many threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "api/admission.h"
+#include "api/chat_format.h"
+#include "api/metrics.h"
+#include "api/request.h"
+#include "mesh/generator.h"
+#include "model/tokenizer.h"
+#include "shard/boundary.h"
+
+namespace meshnet::api {
+
+struct EngineOptions {
+  std::string model_name;  // the id /v1/models lists and requests may name
+  int64_t ctx = 0;         // positions per session (prompt + completion)
+  int max_concurrent = 4;
+  int max_queue = 64;
+};
+
+// A generation ready to run.
+struct PreparedGeneration {
+  std::vector<int32_t> prompt_ids;
+  int max_tokens = 0;
+  shard::SamplingContract sampling;
+  std::vector<std::string> stop;
+};
+
+struct GenerationOutcome {
+  std::string text;  // everything emitted
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  std::string finish_reason;  // "stop" or "length"
+  bool client_gone = false;
+};
+
+// A fresh provider per generation: a FixedRouteProvider over the in-process
+// mesh, or a view of the shared remote provider.
+using ProviderFactory = std::function<std::unique_ptr<mesh::RouteProvider>()>;
+
+class Engine {
+ public:
+  Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFactory providers,
+         EngineOptions options);
+
+  const EngineOptions& options() const { return options_; }
+  const model::Tokenizer& tokenizer() const { return tokenizer_; }
+  Admission& admission() { return admission_; }
+  ApiMetrics& metrics() { return metrics_; }
+
+  // Throws ApiError (400 or 404) for a request that cannot run.
+  PreparedGeneration Prepare(const CompletionRequest& request) const;
+  // Runs a prepared generation. `emit` gets each visible text delta (never
+  // empty, whole UTF-8 characters) and returns false when the client is gone.
+  // Throws ApiError (503 when the route fails).
+  GenerationOutcome Run(const PreparedGeneration& gen,
+                        std::chrono::steady_clock::time_point arrival,
+                        const std::function<bool(const std::string&)>& emit);
+
+  // The one place prompts are tokenized (special-token parsing goes here).
+  std::vector<int32_t> Tokenize(const std::string& text, bool add_special) const;
+  std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                         const nlohmann::json& tools) const;
+  // {"status":"ok","hops":[{name, start_layer, end_layer, live_sessions,
+  // kv_bytes_free}...]}; throws ApiError(503) when no route is available.
+  nlohmann::json Health();
+
+  // Refuses new generations, wakes queued ones, and lets running ones finish
+  // until `deadline`, after which they stop before their next token.
+  void BeginShutdown(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  bool PastShutdownDeadline() const;
+
+  model::Tokenizer tokenizer_;
+  ChatFormatter formatter_;
+  ProviderFactory providers_;
+  EngineOptions options_;
+  Admission admission_;
+  ApiMetrics metrics_;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> deadline_ns_{0};
+};
+
+}  // namespace meshnet::api

@@ -1,0 +1,23 @@
+// Request handlers of the API server (internal to src/api). Each throws
+// ApiError for a request it refuses; server.cc turns that into the response.
+#pragma once
+
+#include <httplib.h>
+
+#include "api/engine.h"
+
+namespace meshnet::api {
+
+// POST /v1/completions (chat=false) and /v1/chat/completions (chat=true),
+// streaming (SSE) or not.
+void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Response& res,
+                      bool chat);
+// POST /tokenize, /detokenize, /apply-template.
+void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Response& res);
+void HandleDetokenize(Engine& engine, const httplib::Request& req, httplib::Response& res);
+void HandleApplyTemplate(Engine& engine, const httplib::Request& req, httplib::Response& res);
+
+// Writes `j` as the JSON body.
+void SetJson(httplib::Response& res, const nlohmann::json& j, int status = 200);
+
+}  // namespace meshnet::api

@@ -1,0 +1,49 @@
+// The API server's Prometheus metrics (prometheus-cpp core, text format):
+//   meshnet_api_requests_total{endpoint,status}
+//   meshnet_api_prompt_tokens_total, meshnet_api_completion_tokens_total
+//   meshnet_api_time_to_first_token_seconds (histogram)
+//   meshnet_api_inter_token_latency_seconds (histogram)
+//   meshnet_api_requests_in_flight, meshnet_api_requests_queued (gauges)
+//
+// Thread-safety: all methods are safe from any thread (prometheus-cpp
+// metrics are atomic; the label lookup is guarded by the family).
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Histogram;
+class Gauge;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace meshnet::api {
+
+class ApiMetrics {
+ public:
+  ApiMetrics();
+  ~ApiMetrics();
+
+  void CountRequest(const std::string& endpoint, int status);
+  void AddTokens(int prompt_tokens, int completion_tokens);
+  void ObserveTimeToFirstToken(double seconds);
+  void ObserveInterTokenLatency(double seconds);
+  // Prometheus text exposition, with the gauges set to these values.
+  std::string Render(int in_flight, int queued);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* completion_tokens_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Gauge* in_flight_;
+  prometheus::Gauge* queued_;
+};
+
+}  // namespace meshnet::api

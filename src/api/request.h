@@ -1,0 +1,54 @@
+// Parsing and validation of /v1/completions and /v1/chat/completions bodies
+// into one CompletionRequest. Every problem throws ApiError (400, naming the
+// parameter); nothing here touches the model, so tokenization and context
+// checks happen later (engine.h).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshnet::api {
+
+// One chat message with its content flattened to text (a list of text parts
+// is concatenated). `extra` keeps the other fields (tool_calls, name, ...) for
+// chat templates.
+struct ChatMessage {
+  std::string role;  // system, developer, user, assistant or tool
+  std::string content;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;  // empty: not given
+  // completions: a prompt string or token ids (exactly one is set).
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  // chat:
+  std::vector<ChatMessage> messages;
+  nlohmann::json tools;  // null when absent
+  std::optional<int> max_tokens;
+  float temperature = 1.0f;  // OpenAI's default
+  float top_p = 1.0f;
+  int top_k = 0;  // extension (llama-server): 0 = off
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// `body` is the parsed JSON body; `chat` selects the endpoint's schema.
+CompletionRequest ParseCompletionRequest(const nlohmann::json& body, bool chat);
+
+// The messages array of a chat request or of /apply-template.
+std::vector<ChatMessage> ParseMessages(const nlohmann::json& messages);
+
+// Parses a request body; invalid JSON or a non-object is a 400.
+nlohmann::json ParseJsonBody(const std::string& body);
+
+}  // namespace meshnet::api

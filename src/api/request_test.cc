@@ -1,0 +1,56 @@
+#include "api/request.h"
+
+#include <gtest/gtest.h>
+
+#include "api/api_error.h"
+#include "api/chat_format.h"
+
+namespace meshnet::api {
+namespace {
+
+using nlohmann::json;
+
+TEST(Request, ChatDefaultsAndFields) {
+  const CompletionRequest r = ParseCompletionRequest(
+      json::parse(R"({"model":"m","messages":[{"role":"system","content":"s"},
+        {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+        "max_completion_tokens":5,"temperature":0,"top_k":3,"seed":7,"stop":"x",
+        "stream":true,"stream_options":{"include_usage":true},"user":"u","n":1})"),
+      true);
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].content, "ab");
+  EXPECT_EQ(*r.max_tokens, 5);
+  EXPECT_EQ(r.temperature, 0.0f);
+  EXPECT_EQ(r.top_k, 3);
+  EXPECT_EQ(*r.seed, 7u);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(Request, CompletionPromptAsTokenIds) {
+  const CompletionRequest r = ParseCompletionRequest(json::parse(R"({"prompt":[1,2,3]})"), false);
+  EXPECT_FALSE(r.prompt_text);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.temperature, 1.0f);
+}
+
+TEST(Request, ToolMessagesKeepTheirExtraFields) {
+  const auto m = ParseMessages(json::parse(
+      R"([{"role":"assistant","content":null,"tool_calls":[{"id":"c1"}]},
+          {"role":"tool","content":"42","tool_call_id":"c1"}])"));
+  EXPECT_EQ(m[0].extra["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(m[1].extra["tool_call_id"], "c1");
+}
+
+TEST(ChatMl, RendersRolesAndGenerationPrompt) {
+  std::vector<ChatMessage> m = {{"system", "be brief"}, {"user", "hi"}};
+  EXPECT_EQ(RenderChatMl(m, true),
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(RenderChatMl(m, false).find("assistant"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshnet::api

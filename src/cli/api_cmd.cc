@@ -1,0 +1,261 @@
+// meshnet api: the OpenAI-compatible HTTP front door over a route of shards
+// (in-process by default, gRPC nodes with --nodes). See src/api/.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "api/chat_format.h"
+#include "api/engine.h"
+#include "api/server.h"
+#include "cli/command.h"
+#include "gguf/gguf_reader.h"
+#include "mesh/generator.h"
+#include "mesh/in_process.h"
+#include "model/hparams.h"
+#include "model/tokenizer.h"
+#include "util/error.h"
+#include "util/sizes.h"
+#include "util/thread_pool.h"
+#ifdef MESHNET_WITH_RPC
+#include "rpc/remote.h"
+#endif
+
+namespace meshnet::cli {
+namespace {
+
+struct ApiFlags {
+  std::string listen = "127.0.0.1:8080";
+  std::string model;
+  std::string model_name;
+  int shards = 3;
+  std::string split;
+  std::string kv_budget = "64MiB";
+  std::string kv_dtype = "float32";
+  int threads = 0;
+  std::string nodes;
+  std::string auth_token;
+  std::string node_tls_ca;
+  std::string node_tls_cert;
+  std::string node_tls_key;
+  double timeout_s = 30.0;
+  std::string api_key;
+  std::string tls_cert;
+  std::string tls_key;
+  int max_concurrent = 8;
+  int queue = 64;
+  std::string max_body = "1MiB";
+  int64_t ctx = 0;
+  std::string chat_template;
+  double grace_s = 10.0;
+};
+
+std::string DefaultModelPath() {
+  const std::filesystem::path local = "models/stories260K.gguf";
+  if (std::filesystem::exists(local)) return local.string();
+  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
+}
+
+std::pair<std::string, int> ParseListen(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    ThrowInvalidArgument("--listen must be HOST:PORT, got '" + s + "'");
+  }
+  const std::string port = s.substr(colon + 1);
+  int value = -1;
+  try {
+    size_t used = 0;
+    value = std::stoi(port, &used);
+    if (used != port.size()) value = -1;
+  } catch (const std::exception&) {
+  }
+  if (value < 0 || value > 65535) ThrowInvalidArgument("--listen has a bad port: '" + s + "'");
+  return {s.substr(0, colon), value};
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ThrowInvalidArgument("cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void Validate(const ApiFlags& f) {
+  if (f.max_concurrent < 1) ThrowInvalidArgument("--max-concurrent must be >= 1");
+  if (f.queue < 0) ThrowInvalidArgument("--queue must be >= 0");
+  if (f.ctx < 0) ThrowInvalidArgument("--ctx must be >= 0 (0: the model's context)");
+  if (!(f.grace_s >= 0)) ThrowInvalidArgument("--grace must be >= 0 seconds");
+  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0");
+  if (ParseByteSize(f.max_body) <= 0) ThrowInvalidArgument("--max-body must be positive");
+}
+
+// The route: an in-process mesh (owned here) or a shared remote provider.
+struct RouteSetup {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<mesh::InProcessMesh> local;
+  std::shared_ptr<mesh::RouteProvider> remote;
+  api::ProviderFactory factory;
+};
+
+// Forwards to the shared remote provider (safe for concurrent use).
+class SharedProvider final : public mesh::RouteProvider {
+ public:
+  explicit SharedProvider(std::shared_ptr<mesh::RouteProvider> p) : p_(std::move(p)) {}
+  mesh::Route Plan() override { return p_->Plan(); }
+  void MarkDead(const mesh::ShardEndpoint& e) override { p_->MarkDead(e); }
+
+ private:
+  std::shared_ptr<mesh::RouteProvider> p_;
+};
+
+void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, RouteSetup& r) {
+  if (f.nodes.empty()) {
+    const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
+    mesh::InProcessMeshOptions mo;
+    mo.split =
+        f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
+    mo.kv_dtype = ParseKvDtype(f.kv_dtype);
+    mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
+    mo.kv_config.Validate();
+    const int threads =
+        f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+    r.pool = std::make_unique<ThreadPool>(threads);
+    r.local = std::make_unique<mesh::InProcessMesh>(file, mo, r.pool.get());
+    mesh::InProcessMesh* local = r.local.get();
+    r.factory = [local] { return std::make_unique<mesh::FixedRouteProvider>(local->route()); };
+    return;
+  }
+#ifdef MESHNET_WITH_RPC
+  rpc::ClientOptions co;
+  co.auth_token = f.auth_token;
+  co.tls_ca = f.node_tls_ca;
+  co.tls_cert = f.node_tls_cert;
+  co.tls_key = f.node_tls_key;
+  co.timeout_s = f.timeout_s;
+  co.Validate();
+  r.remote = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
+  auto remote = r.remote;
+  r.factory = [remote] { return std::make_unique<SharedProvider>(remote); };
+#else
+  ThrowInvalidArgument("--nodes needs a build with gRPC (MESHNET_RPC=ON)");
+#endif
+}
+
+int RunApi(const ApiFlags& f) {
+  Validate(f);
+  const auto [host, port] = ParseListen(f.listen);
+  // SIGINT/SIGTERM are taken by sigwait below: block them before any thread
+  // starts. A client that hangs up must not kill the server with SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
+  const int64_t model_ctx = model::LlamaHParams::FromGguf(*file).context_length;
+  if (f.ctx > 0 && model_ctx > 0 && f.ctx > model_ctx) {
+    ThrowInvalidArgument("--ctx " + std::to_string(f.ctx) + " exceeds the model's context of " +
+                         std::to_string(model_ctx));
+  }
+  model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
+  api::ChatFormatter formatter(f.chat_template.empty() ? "" : ReadFile(f.chat_template));
+
+  RouteSetup route;
+  SetUpRoute(f, file, route);
+  api::EngineOptions eo;
+  eo.model_name =
+      f.model_name.empty() ? std::filesystem::path(model_path).stem().string() : f.model_name;
+  eo.ctx = f.ctx > 0 ? f.ctx : (model_ctx > 0 ? model_ctx : 2048);
+  eo.max_concurrent = f.max_concurrent;
+  eo.max_queue = f.queue;
+  api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
+
+  api::ServerOptions so;
+  so.api_key = f.api_key;
+  if (so.api_key.empty()) {
+    if (const char* env = std::getenv("MESHNET_API_KEY")) so.api_key = env;
+  }
+  so.tls_cert = f.tls_cert;
+  so.tls_key = f.tls_key;
+  so.max_body_bytes = static_cast<size_t>(ParseByteSize(f.max_body));
+  // Every admitted or queued request holds a connection thread, plus room for
+  // /health, /metrics and the 429 answers.
+  so.worker_threads = f.max_concurrent + f.queue + 8;
+  api::ApiServer server(&engine, so);
+  const int bound = server.Bind(host, port);
+  std::thread serving([&server] { server.Serve(); });
+  std::printf("listening on %s:%d\n", host.c_str(), bound);
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "meshnet api: %s, stopping (grace %.1fs)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s);
+  engine.BeginShutdown(std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(f.grace_s)));
+  server.Stop();
+  serving.join();
+  return 0;
+}
+
+void AddFlags(CLI::App* sub, ApiFlags* f) {
+  sub->add_option("--listen", f->listen, "HOST:PORT to serve HTTP on (port 0: any free port)")
+      ->capture_default_str();
+  sub->add_option("--model,-m", f->model, "GGUF model file (default: models/stories260K.gguf)");
+  sub->add_option("--model-name", f->model_name, "Model id to serve (default: the file's stem)");
+  sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4");
+  sub->add_option("--kv-budget", f->kv_budget, "KV byte budget per in-process shard")
+      ->capture_default_str();
+  sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+      ->capture_default_str();
+  sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+      ->capture_default_str();
+  sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
+  sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
+  sub->add_option("--node-tls-ca", f->node_tls_ca, "CA certificate (PEM) to verify nodes");
+  sub->add_option("--node-tls-cert", f->node_tls_cert, "Client certificate (PEM) for the nodes");
+  sub->add_option("--node-tls-key", f->node_tls_key, "Client private key (PEM) for the nodes");
+  sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")
+      ->capture_default_str();
+  sub->add_option("--api-key", f->api_key,
+                  "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");
+  sub->add_option("--tls-cert", f->tls_cert, "Serve HTTPS with this certificate (PEM)");
+  sub->add_option("--tls-key", f->tls_key, "Private key (PEM) for --tls-cert");
+  sub->add_option("--max-concurrent", f->max_concurrent, "Generations running at once")
+      ->capture_default_str();
+  sub->add_option("--queue", f->queue, "Generations waiting for a slot (more: 429)")
+      ->capture_default_str();
+  sub->add_option("--max-body", f->max_body, "Largest request body (more: 413)")
+      ->capture_default_str();
+  sub->add_option("--ctx", f->ctx, "Positions per request, prompt + completion (0: the model's)")
+      ->capture_default_str();
+  sub->add_option("--chat-template", f->chat_template,
+                  "Jinja chat template file (default: the GGUF's, else ChatML)");
+  sub->add_option("--grace", f->grace_s, "Seconds in-flight requests get to finish on shutdown")
+      ->capture_default_str();
+}
+
+const CommandRegistrar kRegistrar(
+    {"api", "Serve the OpenAI-compatible HTTP API (and a chat page) over a route of shards",
+     [](CLI::App* sub, int* exit_code) {
+       auto f = std::make_shared<ApiFlags>();
+       AddFlags(sub, f.get());
+       sub->callback([f, exit_code] { *exit_code = RunApi(*f); });
+     }});
+
+}  // namespace
+}  // namespace meshnet::cli
