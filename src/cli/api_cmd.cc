@@ -2,6 +2,7 @@
 // (in-process by default, gRPC nodes with --nodes). See src/api/.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -123,6 +124,8 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
         f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtype(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
+    // Every admitted generation holds a session on every shard.
+    mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.max_concurrent);
     mo.kv_config.Validate();
     const int threads =
         f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
