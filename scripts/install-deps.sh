@@ -12,7 +12,7 @@ PKGS=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev
   libhwy-dev
-  python3-numpy
+  python3-numpy python3-jinja2
   libcpp-httplib-dev curl chromium
 )
 # meshnet api's client and browser tests need Node + npm. Debian's `npm`

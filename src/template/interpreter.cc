@@ -1,0 +1,393 @@
+#include "template/interpreter.h"
+
+#include <memory>
+
+namespace meshnet::jinja {
+
+const Value* Interpreter::Frame::Lookup(std::string_view name) const {
+  for (const Frame* f = this; f != nullptr; f = f->parent) {
+    for (const auto& [k, v] : f->vars) {
+      if (k == name) return &v;
+    }
+  }
+  return nullptr;
+}
+
+void Interpreter::Frame::Set(const std::string& name, Value v) {
+  for (auto& [k, old] : vars) {
+    if (k == name) {
+      old = std::move(v);
+      return;
+    }
+  }
+  vars.emplace_back(name, std::move(v));
+}
+
+Interpreter::DepthGuard::DepthGuard(Interpreter* i) : in(i) {
+  if (++in->depth_ > in->opts_.max_depth) {
+    ThrowRuntime("template nesting exceeds the depth limit of " +
+                 std::to_string(in->opts_.max_depth));
+  }
+}
+
+void Interpreter::Step() {
+  if (++steps_ > opts_.max_steps) {
+    ThrowRuntime("template exceeds the step limit of " + std::to_string(opts_.max_steps));
+  }
+}
+
+void Interpreter::CheckSize(size_t string_bytes, size_t list_items) const {
+  if (string_bytes > opts_.max_output_bytes) {
+    ThrowRuntime("template value exceeds the output limit of " +
+                 std::to_string(opts_.max_output_bytes) + " bytes");
+  }
+  if (list_items > (1u << 20)) ThrowRuntime("template list exceeds 1048576 items");
+}
+
+void Interpreter::Write(std::string& out, std::string_view text) const {
+  if (out.size() + text.size() > opts_.max_output_bytes) {
+    ThrowRuntime("template output exceeds the limit of " + std::to_string(opts_.max_output_bytes) +
+                 " bytes");
+  }
+  out.append(text);
+}
+
+std::string Interpreter::Render(const Program& program, Dict context) {
+  globals_.vars = BuiltinGlobals();
+  Frame root{std::move(context), &globals_};
+  root_ = &root;
+  std::string out;
+  Exec(program.body, root, out);
+  return out;
+}
+
+Interpreter::Flow Interpreter::Exec(const Body& body, Frame& frame, std::string& out) {
+  for (const StmtPtr& s : body) {
+    Flow flow = ExecStmt(*s, frame, out);
+    if (flow != Flow::kNormal) return flow;
+  }
+  return Flow::kNormal;
+}
+
+Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, Frame& frame, std::string& out) {
+  Step();
+  DepthGuard guard(this);
+  switch (s.type) {
+    case Stmt::Type::kText:
+      Write(out, s.text);
+      break;
+    case Stmt::Type::kOutput:
+      Write(out, Eval(*s.expr, frame).Str());
+      break;
+    case Stmt::Type::kIf:
+      return Exec(Eval(*s.expr, frame).Truthy() ? s.body : s.else_body, frame, out);
+    case Stmt::Type::kFor:
+      ExecFor(s, frame, out);
+      break;
+    case Stmt::Type::kSet:
+    case Stmt::Type::kSetBlock:
+      ExecSet(s, frame, out);
+      break;
+    case Stmt::Type::kMacro:
+      DefineMacro(s, frame);
+      break;
+    case Stmt::Type::kCallBlock: {
+      const Stmt* block = &s;
+      Frame* defining = &frame;
+      auto caller = std::make_shared<Callable>(
+          Callable{"caller", [this, block, defining](Interpreter&, CallArgs& args) -> Value {
+                     Frame f{{}, defining};
+                     for (size_t i = 0; i < block->params.size(); ++i) {
+                       const Value* v = args.Get(i, block->params[i].first);
+                       f.Set(block->params[i].first, v ? *v
+                                                     : block->params[i].second
+                                                         ? Eval(*block->params[i].second, f)
+                                                         : Value());
+                     }
+                     std::string text;
+                     Exec(block->body, f, text);
+                     return Value(std::move(text));
+                   }});
+      const Expr& call = *s.expr;
+      Value callee = Eval(*call.args[0], frame);
+      CallArgs args = EvalArgs(call, frame, 1);
+      args.keywords.emplace_back("caller", Value(std::shared_ptr<const Callable>(caller)));
+      Write(out, Call(callee, args).Str());
+      break;
+    }
+    case Stmt::Type::kBreak:
+      return Flow::kBreak;
+    case Stmt::Type::kContinue:
+      return Flow::kContinue;
+    case Stmt::Type::kBlock:
+      return Exec(s.body, frame, out);
+  }
+  return Flow::kNormal;
+}
+
+void Interpreter::Assign(Frame& frame, const std::vector<std::string>& targets,
+                         const Value& v) const {
+  if (targets.size() == 1) {
+    frame.Set(targets[0], v);
+    return;
+  }
+  List items = v.Iterate();
+  if (items.size() != targets.size()) {
+    ThrowRuntime("cannot unpack " + std::to_string(items.size()) + " values into " +
+                 std::to_string(targets.size()) + " names");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) frame.Set(targets[i], items[i]);
+}
+
+namespace {
+
+Value MakeLoop(const List& items, size_t i) {
+  size_t n = items.size();
+  Dict loop;
+  loop.reserve(12);
+  loop.emplace_back("index", Value(static_cast<int64_t>(i + 1)));
+  loop.emplace_back("index0", Value(static_cast<int64_t>(i)));
+  loop.emplace_back("revindex", Value(static_cast<int64_t>(n - i)));
+  loop.emplace_back("revindex0", Value(static_cast<int64_t>(n - i - 1)));
+  loop.emplace_back("first", Value(i == 0));
+  loop.emplace_back("last", Value(i + 1 == n));
+  loop.emplace_back("length", Value(static_cast<int64_t>(n)));
+  loop.emplace_back("depth", Value(1));
+  loop.emplace_back("depth0", Value(0));
+  loop.emplace_back("previtem",
+                    i > 0 ? items[i - 1] : Value(Undefined{"'loop.previtem' is undefined"}));
+  loop.emplace_back("nextitem",
+                    i + 1 < n ? items[i + 1] : Value(Undefined{"'loop.nextitem' is undefined"}));
+  auto cycle = std::make_shared<Callable>(Callable{"cycle", [i](Interpreter&, CallArgs& a) {
+                                                     if (a.positional.empty()) {
+                                                       ThrowRuntime("no items for cycling given");
+                                                     }
+                                                     return a.positional[i % a.positional.size()];
+                                                   }});
+  loop.emplace_back("cycle", Value(std::shared_ptr<const Callable>(cycle)));
+  return Value(std::move(loop));
+}
+
+}  // namespace
+
+void Interpreter::ExecFor(const Stmt& s, Frame& frame, std::string& out) {
+  Value iterable = Eval(*s.expr, frame);
+  if (iterable.is_none()) ThrowRuntime("'NoneType' object is not iterable");
+  List items = iterable.Iterate();
+  if (s.cond) {  // the filter sees the loop target, not `loop`
+    List kept;
+    for (const Value& item : items) {
+      Step();
+      Frame f{{}, &frame};
+      Assign(f, s.targets, item);
+      if (Eval(*s.cond, f).Truthy()) kept.push_back(item);
+    }
+    items = std::move(kept);
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    Step();
+    Frame f{{}, &frame};
+    Assign(f, s.targets, items[i]);
+    f.Set("loop", MakeLoop(items, i));
+    if (Exec(s.body, f, out) == Flow::kBreak) break;
+  }
+  if (items.empty()) Exec(s.else_body, frame, out);
+}
+
+void Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
+  if (s.type == Stmt::Type::kSetBlock) {
+    std::string text;
+    Frame inner{{}, &frame};
+    Exec(s.body, inner, text);
+    Value v(std::move(text));
+    if (s.expr) {
+      const Value* saved = pipe_input_;
+      pipe_input_ = &v;
+      Value filtered = Eval(*s.expr, frame);
+      pipe_input_ = saved;
+      v = std::move(filtered);
+    }
+    frame.Set(s.targets[0], std::move(v));
+    return;
+  }
+  Value v = Eval(*s.expr, frame);
+  if (s.attr.empty()) {
+    Assign(frame, s.targets, v);
+    return;
+  }
+  const Value* ns = frame.Lookup(s.targets[0]);
+  if (ns == nullptr || !ns->is_namespace()) {
+    ThrowRuntime("cannot assign attribute on non-namespace object");
+  }
+  Dict& attrs = ns->as_namespace().attrs;
+  for (auto& [k, old] : attrs) {
+    if (k == s.attr) {
+      old = std::move(v);
+      return;
+    }
+  }
+  attrs.emplace_back(s.attr, std::move(v));
+}
+
+void Interpreter::DefineMacro(const Stmt& s, Frame& frame) {
+  const Stmt* macro = &s;
+  auto fn = std::make_shared<Callable>(Callable{s.text, [macro](Interpreter& in, CallArgs& args) {
+                                                  Value caller;
+                                                  for (auto it = args.keywords.begin();
+                                                       it != args.keywords.end(); ++it) {
+                                                    if (it->first == "caller") {
+                                                      caller = it->second;
+                                                      args.keywords.erase(it);
+                                                      break;
+                                                    }
+                                                  }
+                                                  return in.CallMacro(*macro, args, caller);
+                                                }});
+  frame.Set(s.text, Value(std::shared_ptr<const Callable>(fn)));
+}
+
+Value Interpreter::CallMacro(const Stmt& macro, CallArgs& args, const Value& caller) {
+  DepthGuard guard(this);
+  Frame f{{}, root_};
+  for (size_t i = 0; i < macro.params.size(); ++i) {
+    const auto& [name, def] = macro.params[i];
+    const Value* v = args.Get(i, name);
+    f.Set(name, v ? *v : def ? Eval(*def, f) : Value(Undefined{"'" + name + "' is undefined"}));
+  }
+  List varargs;
+  for (size_t i = macro.params.size(); i < args.positional.size(); ++i) {
+    varargs.push_back(args.positional[i]);
+  }
+  f.Set("varargs", Value(std::move(varargs)));
+  if (!caller.is_undefined()) f.Set("caller", caller);
+  std::string text;
+  Exec(macro.body, f, text);
+  return Value(std::move(text));
+}
+
+Value Interpreter::Call(const Value& callee, CallArgs& args) {
+  Step();
+  if (!callee.is_callable()) {
+    if (callee.is_undefined()) ThrowRuntime(callee.undefined_hint());
+    ThrowRuntime("'" + callee.TypeName() + "' object is not callable");
+  }
+  DepthGuard guard(this);
+  return callee.as_callable().fn(*this, args);
+}
+
+CallArgs Interpreter::EvalArgs(const Expr& e, Frame& frame, size_t first) {
+  CallArgs args;
+  for (size_t i = first; i < e.args.size(); ++i) args.positional.push_back(Eval(*e.args[i], frame));
+  for (const auto& [k, v] : e.kwargs) args.keywords.emplace_back(k, Eval(*v, frame));
+  return args;
+}
+
+Value Interpreter::EvalName(const Expr& e, Frame& frame) {
+  const Value* v = frame.Lookup(e.name);
+  return v ? *v : Value(Undefined{"'" + e.name + "' is undefined"});
+}
+
+Value Interpreter::EvalCall(const Expr& e, Frame& frame) {
+  const Expr& callee = *e.args[0];
+  if (callee.type == Expr::Type::kAttr) {
+    Value obj = Eval(*callee.args[0], frame);
+    const Value* member = obj.Find(callee.name);
+    if (member == nullptr || !member->is_callable()) {
+      CallArgs args = EvalArgs(e, frame, 1);
+      bool found = false;
+      Value result = CallMethod(*this, obj, callee.name, args, &found);
+      if (found) return result;
+    }
+    Value fn = GetAttr(obj, callee.name);
+    CallArgs args = EvalArgs(e, frame, 1);
+    if (fn.is_undefined())
+      ThrowRuntime("'" + obj.TypeName() + "' object has no attribute '" + callee.name + "'");
+    return Call(fn, args);
+  }
+  Value fn = Eval(callee, frame);
+  CallArgs args = EvalArgs(e, frame, 1);
+  return Call(fn, args);
+}
+
+Value Interpreter::Eval(const Expr& e, Frame& frame) {
+  Step();
+  DepthGuard guard(this);
+  switch (e.type) {
+    case Expr::Type::kLiteral:
+      return e.literal;
+    case Expr::Type::kName:
+      return EvalName(e, frame);
+    case Expr::Type::kList: {
+      List list;
+      for (const ExprPtr& a : e.args) list.push_back(Eval(*a, frame));
+      return Value(std::move(list));
+    }
+    case Expr::Type::kDict: {
+      Dict dict;
+      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+        Value key = Eval(*e.args[i], frame);
+        if (!key.is_string()) ThrowRuntime("only string keys are supported in dict literals");
+        Value v = Eval(*e.args[i + 1], frame);
+        bool replaced = false;
+        for (auto& [k, old] : dict) {
+          if (k == key.as_string()) {
+            old = v;
+            replaced = true;
+          }
+        }
+        if (!replaced) dict.emplace_back(key.as_string(), std::move(v));
+      }
+      return Value(std::move(dict));
+    }
+    case Expr::Type::kAttr:
+      return GetAttr(Eval(*e.args[0], frame), e.name);
+    case Expr::Type::kItem:
+      return GetItem(Eval(*e.args[0], frame), Eval(*e.args[1], frame));
+    case Expr::Type::kSlice: {
+      Value obj = Eval(*e.args[0], frame);
+      auto part = [&](int i) { return e.args[i] ? Eval(*e.args[i], frame) : Value(None{}); };
+      return Slice(obj, part(1), part(2), part(3));
+    }
+    case Expr::Type::kCall:
+      return EvalCall(e, frame);
+    case Expr::Type::kFilter: {
+      Value input = e.args[0] ? Eval(*e.args[0], frame) : *pipe_input_;
+      CallArgs args = EvalArgs(e, frame, 1);
+      return ApplyFilter(*this, e.name, input, args);
+    }
+    case Expr::Type::kTest: {
+      Value input = Eval(*e.args[0], frame);
+      CallArgs args = EvalArgs(e, frame, 1);
+      return Value(ApplyTest(*this, e.name, input, args));
+    }
+    case Expr::Type::kUnary: {
+      Value v = Eval(*e.args[0], frame);
+      if (e.name == "not") return Value(!v.Truthy());
+      if (v.is_undefined()) ThrowRuntime(v.undefined_hint());
+      if (v.is_int() || v.is_bool()) {
+        int64_t i = v.is_bool() ? v.as_bool() : v.as_int();
+        return Value(e.name == "-" ? -i : i);
+      }
+      if (v.is_float()) return Value(e.name == "-" ? -v.as_float() : v.as_float());
+      ThrowRuntime("bad operand type for unary " + e.name + ": '" + v.TypeName() + "'");
+    }
+    case Expr::Type::kBinary:
+      return BinaryOp(*this, e.name, Eval(*e.args[0], frame), Eval(*e.args[1], frame));
+    case Expr::Type::kAnd: {
+      Value a = Eval(*e.args[0], frame);
+      return a.Truthy() ? Eval(*e.args[1], frame) : a;
+    }
+    case Expr::Type::kOr: {
+      Value a = Eval(*e.args[0], frame);
+      return a.Truthy() ? a : Eval(*e.args[1], frame);
+    }
+    case Expr::Type::kCond:
+      if (Eval(*e.args[1], frame).Truthy()) return Eval(*e.args[0], frame);
+      return e.args[2] ? Eval(*e.args[2], frame)
+                       : Value(Undefined{"the inline if-expression evaluated to false and no else "
+                                         "section was defined."});
+  }
+  return Value();
+}
+
+}  // namespace meshnet::jinja

@@ -1,0 +1,309 @@
+#include "template/value.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+namespace meshnet::jinja {
+
+void ThrowRuntime(const std::string& message) {
+  throw TemplateError(ErrorKind::kInvalidArgument, message);
+}
+
+Value Value::FromJson(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+    case nlohmann::ordered_json::value_t::discarded:
+      return Value(None{});
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      uint64_t u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<double>(u));
+      return Value(static_cast<int64_t>(u));
+    }
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List list;
+      list.reserve(j.size());
+      for (const auto& e : j) list.push_back(FromJson(e));
+      return Value(std::move(list));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Dict dict;
+      dict.reserve(j.size());
+      for (const auto& [k, v] : j.items()) dict.emplace_back(k, FromJson(v));
+      return Value(std::move(dict));
+    }
+    case nlohmann::ordered_json::value_t::binary:
+      break;
+  }
+  ThrowRuntime("binary JSON values are not supported in templates");
+}
+
+double Value::as_number() const {
+  if (is_int()) return static_cast<double>(as_int());
+  if (is_float()) return as_float();
+  if (is_bool()) return as_bool() ? 1.0 : 0.0;
+  ThrowRuntime("expected a number, got " + TypeName());
+}
+
+bool Value::Truthy() const {
+  switch (kind()) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return as_bool();
+    case Kind::kInt:
+      return as_int() != 0;
+    case Kind::kFloat:
+      return as_float() != 0.0;
+    case Kind::kString:
+      return !as_string().empty();
+    case Kind::kList:
+      return !as_list().empty();
+    case Kind::kDict:
+      return !as_dict().empty();
+    case Kind::kCall:
+    case Kind::kNs:
+      return true;
+  }
+  return false;
+}
+
+namespace {
+
+std::string ReprString(const std::string& s) {
+  bool has_single = s.find('\'') != std::string::npos;
+  bool has_double = s.find('"') != std::string::npos;
+  char quote = (has_single && !has_double) ? '"' : '\'';
+  std::string out(1, quote);
+  for (unsigned char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == static_cast<unsigned char>(quote)) {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += quote;
+  return out;
+}
+
+std::string ReprDict(const Dict& d) {
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [k, v] : d) {
+    if (!first) out += ", ";
+    first = false;
+    out += ReprString(k) + ": " + v.Repr();
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+std::string Value::Str() const {
+  switch (kind()) {
+    case Kind::kUndefined:
+      return "";
+    case Kind::kString:
+      return as_string();
+    default:
+      return Repr();
+  }
+}
+
+std::string Value::Repr() const {
+  switch (kind()) {
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return as_bool() ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(as_int());
+    case Kind::kFloat:
+      return FormatFloat(as_float());
+    case Kind::kString:
+      return ReprString(as_string());
+    case Kind::kList: {
+      std::string out = "[";
+      bool first = true;
+      for (const Value& v : as_list()) {
+        if (!first) out += ", ";
+        first = false;
+        out += v.Repr();
+      }
+      return out + "]";
+    }
+    case Kind::kDict:
+      return ReprDict(as_dict());
+    case Kind::kCall:
+      return "<function " + as_callable().name + ">";
+    case Kind::kNs:
+      return "<Namespace " + ReprDict(as_namespace().attrs) + ">";
+  }
+  return "";
+}
+
+bool Value::Equals(const Value& o) const {
+  bool num_a = is_number() || is_bool(), num_b = o.is_number() || o.is_bool();
+  if (num_a && num_b) {
+    if ((is_int() || is_bool()) && (o.is_int() || o.is_bool())) {
+      auto ai = is_bool() ? int64_t{as_bool()} : as_int();
+      auto bi = o.is_bool() ? int64_t{o.as_bool()} : o.as_int();
+      return ai == bi;
+    }
+    return as_number() == o.as_number();
+  }
+  if (kind() != o.kind()) return false;
+  switch (kind()) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return as_string() == o.as_string();
+    case Kind::kList: {
+      const List &a = as_list(), &b = o.as_list();
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].Equals(b[i])) return false;
+      }
+      return true;
+    }
+    case Kind::kDict: {
+      const Dict &a = as_dict(), &b = o.as_dict();
+      if (a.size() != b.size()) return false;
+      for (const auto& [k, v] : a) {
+        const Value* other = o.Find(k);
+        if (other == nullptr || !v.Equals(*other)) return false;
+      }
+      return true;
+    }
+    case Kind::kCall:
+      return std::get<8>(v_) == std::get<8>(o.v_);
+    case Kind::kNs:
+      return std::get<9>(v_) == std::get<9>(o.v_);
+    default:
+      return false;
+  }
+}
+
+const Value* Value::Find(std::string_view key) const {
+  const Dict* d = is_dict() ? &as_dict() : is_namespace() ? &as_namespace().attrs : nullptr;
+  if (d == nullptr) return nullptr;
+  for (const auto& [k, v] : *d) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+List Value::Iterate() const {
+  switch (kind()) {
+    case Kind::kUndefined:
+      return {};
+    case Kind::kList:
+      return as_list();
+    case Kind::kDict: {
+      List keys;
+      for (const auto& kv : as_dict()) keys.emplace_back(kv.first);
+      return keys;
+    }
+    case Kind::kString: {
+      List chars;
+      for (std::string_view c : SplitCodePoints(as_string())) chars.emplace_back(std::string(c));
+      return chars;
+    }
+    default:
+      ThrowRuntime("'" + TypeName() + "' object is not iterable");
+  }
+}
+
+std::string Value::TypeName() const {
+  static const char* const kNames[] = {"Undefined", "NoneType", "bool", "int",      "float",
+                                       "str",       "list",     "dict", "function", "Namespace"};
+  return kNames[v_.index()];
+}
+
+const Value* CallArgs::Get(size_t index, std::string_view name) const {
+  if (index < positional.size()) return &positional[index];
+  for (const auto& [k, v] : keywords) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+
+std::string FormatFloat(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);  // [-]d[.ddd]e[+-]XX, shortest round-trip digits
+  bool negative = sci[0] == '-';
+  if (negative) sci.erase(0, 1);
+  size_t e_pos = sci.find('e');
+  int exponent = std::stoi(sci.substr(e_pos + 1));
+  std::string digits = sci.substr(0, e_pos);
+  if (digits.size() > 1) digits.erase(1, 1);  // drop the '.'
+  std::string out = negative ? "-" : "";
+  if (exponent >= -4 && exponent < 16) {
+    if (exponent < 0) {
+      out += "0." + std::string(-exponent - 1, '0') + digits;
+    } else if (static_cast<int>(digits.size()) <= exponent + 1) {
+      out += digits + std::string(exponent + 1 - digits.size(), '0') + ".0";
+    } else {
+      out += digits.substr(0, exponent + 1) + "." + digits.substr(exponent + 1);
+    }
+    return out;
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char exp_buf[16];
+  std::snprintf(exp_buf, sizeof(exp_buf), "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+  return out + exp_buf;
+}
+
+std::vector<std::string_view> SplitCodePoints(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = s[i];
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 1;
+    if (i + len > s.size()) len = s.size() - i;
+    out.push_back(s.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+size_t CodePointCount(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xc0) != 0x80;
+  return n;
+}
+
+}  // namespace meshnet::jinja

@@ -1,0 +1,134 @@
+// Runtime values of the Jinja interpreter: JSON-like data plus undefined, none, callables and
+// namespaces, with Python's semantics for truth, equality, str() and json.dumps where chat
+// templates can observe them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "util/error.h"
+
+namespace meshnet::jinja {
+
+class Value;
+using List = std::vector<Value>;
+// Insertion-ordered string-keyed map (Python dicts keep insertion order).
+using Dict = std::vector<std::pair<std::string, Value>>;
+struct Undefined {
+  std::string hint;  // what was looked up, for error messages
+};
+struct None {};
+struct Namespace {
+  Dict attrs;
+};
+struct CallArgs;
+class Interpreter;
+using NativeFn = std::function<Value(Interpreter&, CallArgs&)>;
+struct Callable {
+  std::string name;
+  NativeFn fn;
+};
+
+// A template-level error (syntax or runtime). Converted to meshnet::Error at the API edge.
+class TemplateError : public meshnet::Error {
+ public:
+  TemplateError(meshnet::ErrorKind kind, const std::string& message) : Error(kind, message) {}
+};
+[[noreturn]] void ThrowRuntime(const std::string& message);
+
+class Value {
+ public:
+  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kCall, kNs };
+
+  Value() : v_(Undefined{}) {}
+  Value(Undefined u) : v_(std::move(u)) {}       // NOLINT: value-like conversions are intended
+  Value(None) : v_(None{}) {}                    // NOLINT
+  Value(bool b) : v_(b) {}                       // NOLINT
+  Value(int i) : v_(static_cast<int64_t>(i)) {}  // NOLINT
+  Value(int64_t i) : v_(i) {}                    // NOLINT
+  Value(double d) : v_(d) {}                     // NOLINT
+  Value(std::string s) : v_(std::move(s)) {}     // NOLINT
+  Value(const char* s) : v_(std::string(s)) {}   // NOLINT
+  Value(List l) : v_(std::make_shared<const List>(std::move(l))) {}  // NOLINT
+  Value(Dict d) : v_(std::make_shared<const Dict>(std::move(d))) {}  // NOLINT
+  Value(std::shared_ptr<const Callable> c) : v_(std::move(c)) {}     // NOLINT
+  Value(std::shared_ptr<Namespace> n) : v_(std::move(n)) {}          // NOLINT
+
+  static Value FromJson(const nlohmann::ordered_json& j);
+
+  Kind kind() const { return static_cast<Kind>(v_.index()); }
+  bool is_undefined() const { return kind() == Kind::kUndefined; }
+  bool is_none() const { return kind() == Kind::kNone; }
+  bool is_bool() const { return kind() == Kind::kBool; }
+  bool is_int() const { return kind() == Kind::kInt; }
+  bool is_float() const { return kind() == Kind::kFloat; }
+  bool is_number() const { return is_int() || is_float(); }  // bool excluded (see tests)
+  bool is_string() const { return kind() == Kind::kString; }
+  bool is_list() const { return kind() == Kind::kList; }
+  bool is_dict() const { return kind() == Kind::kDict; }
+  bool is_callable() const { return kind() == Kind::kCall; }
+  bool is_namespace() const { return kind() == Kind::kNs; }
+
+  bool as_bool() const { return std::get<bool>(v_); }
+  int64_t as_int() const { return std::get<int64_t>(v_); }
+  double as_float() const { return std::get<double>(v_); }
+  double as_number() const;  // int, float or bool as double
+  const std::string& as_string() const { return std::get<std::string>(v_); }
+  const List& as_list() const { return *std::get<6>(v_); }
+  const Dict& as_dict() const { return *std::get<7>(v_); }
+  const Callable& as_callable() const { return *std::get<8>(v_); }
+  Namespace& as_namespace() const { return *std::get<9>(v_); }
+  const std::string& undefined_hint() const { return std::get<Undefined>(v_).hint; }
+
+  bool Truthy() const;
+  // Python str(): what {{ value }} prints. Undefined prints "" (jinja2's default Undefined).
+  std::string Str() const;
+  // Python repr(), used for items inside lists and dicts.
+  std::string Repr() const;
+  // Python ==, deep, with 1 == 1.0 == True.
+  bool Equals(const Value& other) const;
+  // Dict/namespace lookup; nullptr when absent.
+  const Value* Find(std::string_view key) const;
+  // The items of an iterable (list, dict keys, string characters); throws for others.
+  List Iterate() const;
+  // A type name as Python's error messages spell it ("str", "dict", ...).
+  std::string TypeName() const;
+
+ private:
+  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<const List>,
+               std::shared_ptr<const Dict>, std::shared_ptr<const Callable>,
+               std::shared_ptr<Namespace>>
+      v_;
+};
+
+struct CallArgs {
+  List positional;
+  std::vector<std::pair<std::string, Value>> keywords;
+  // The argument at `index` or named `name`, or nullopt; marks nothing (no strict arity checks).
+  const Value* Get(size_t index, std::string_view name) const;
+};
+
+// Python float repr (shortest round-trip, "1.0", "1e+16").
+std::string FormatFloat(double d);
+// Python's json.dumps(v, ensure_ascii, indent, separators, sort_keys) (HF's tojson).
+struct JsonDumpOptions {
+  bool ensure_ascii = false;
+  int indent = -1;  // -1: None (single line)
+  std::optional<std::pair<std::string, std::string>> separators;
+  bool sort_keys = false;
+};
+std::string ToJson(const Value& v, const JsonDumpOptions& opts);
+
+// UTF-8 helpers: Python indexes strings by code point.
+std::vector<std::string_view> SplitCodePoints(std::string_view s);
+size_t CodePointCount(std::string_view s);
+
+}  // namespace meshnet::jinja
