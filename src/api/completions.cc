@@ -161,7 +161,7 @@ void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Resp
 }
 
 void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Response& res) {
-  const json body = ParseJsonBody(req.body);
+  const nlohmann::ordered_json body = ParseJsonBody(req.body);
   auto it = body.find("content");
   if (it == body.end() || !it->is_string())
     ThrowBadRequest("'content' must be a string", "content");
@@ -175,7 +175,7 @@ void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Respon
 }
 
 void HandleDetokenize(Engine& engine, const httplib::Request& req, httplib::Response& res) {
-  const json body = ParseJsonBody(req.body);
+  const nlohmann::ordered_json body = ParseJsonBody(req.body);
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array()) ThrowBadRequest("'tokens' must be an array", "tokens");
   std::vector<int32_t> ids;
@@ -192,12 +192,19 @@ void HandleDetokenize(Engine& engine, const httplib::Request& req, httplib::Resp
 }
 
 void HandleApplyTemplate(Engine& engine, const httplib::Request& req, httplib::Response& res) {
-  const json body = ParseJsonBody(req.body);
+  const nlohmann::ordered_json body = ParseJsonBody(req.body);
   auto it = body.find("messages");
   if (it == body.end()) ThrowBadRequest("'messages' is required", "messages");
-  json tools = body.value("tools", json());
+  nlohmann::ordered_json tools = body.value("tools", nlohmann::ordered_json());
   if (!tools.is_null() && !tools.is_array()) ThrowBadRequest("'tools' must be an array", "tools");
-  SetJson(res, {{"prompt", engine.RenderChat(ParseMessages(*it), true, tools)}});
+  bool add_generation_prompt = true;
+  if (auto g = body.find("add_generation_prompt"); g != body.end() && !g->is_null()) {
+    if (!g->is_boolean()) {
+      ThrowBadRequest("'add_generation_prompt' must be a boolean", "add_generation_prompt");
+    }
+    add_generation_prompt = g->get<bool>();
+  }
+  SetJson(res, {{"prompt", engine.RenderChat(ParseMessages(*it), add_generation_prompt, tools)}});
 }
 
 }  // namespace meshnet::api

@@ -45,7 +45,7 @@ std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special)
 }
 
 std::string Engine::RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                               const nlohmann::json& tools) const {
+                               const nlohmann::ordered_json& tools) const {
   return formatter_.Render(messages, add_generation_prompt, tools);
 }
 
@@ -58,7 +58,12 @@ PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
   }
   PreparedGeneration g;
   if (r.chat) {
-    g.prompt_ids = Tokenize(RenderChat(r.messages, true, r.tools), true);
+    std::string prompt = RenderChat(r.messages, true, r.tools);
+    // A template that writes the BOS text itself gets the BOS token once (no
+    // double BOS); without special-token parsing the text would not map to it.
+    const std::string& bos = formatter_.bos_token();
+    if (!bos.empty() && prompt.starts_with(bos)) prompt.erase(0, bos.size());
+    g.prompt_ids = Tokenize(prompt, true);
   } else if (r.prompt_text) {
     g.prompt_ids = Tokenize(*r.prompt_text, true);
   } else {

@@ -80,7 +80,7 @@ class Engine {
   // The one place prompts are tokenized (special-token parsing goes here).
   std::vector<int32_t> Tokenize(const std::string& text, bool add_special) const;
   std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                         const nlohmann::json& tools) const;
+                         const nlohmann::ordered_json& tools) const;
   // {"status":"ok","hops":[{name, start_layer, end_layer, live_sessions,
   // kv_bytes_free}...]}; throws ApiError(503) when no route is available.
   nlohmann::json Health();

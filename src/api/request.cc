@@ -8,7 +8,7 @@
 namespace meshnet::api {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 constexpr size_t kMaxStops = 4;  // OpenAI's limit
 
@@ -151,6 +151,7 @@ std::vector<ChatMessage> ParseMessages(const json& messages) {
       ThrowBadRequest("each message needs 'content'", param + ".content");
     }
     if (content != nullptr) msg.content = FlattenContent(*content, i);
+    msg.null_content = content == nullptr;
     for (const auto& [k, v] : m.items()) {
       if (k != "role" && k != "content") msg.extra[k] = v;
     }

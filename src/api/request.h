@@ -20,7 +20,8 @@ namespace meshnet::api {
 struct ChatMessage {
   std::string role;  // system, developer, user, assistant or tool
   std::string content;
-  nlohmann::json extra = nlohmann::json::object();
+  bool null_content = false;  // content was null or absent (assistant tool calls)
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 struct CompletionRequest {
@@ -31,7 +32,7 @@ struct CompletionRequest {
   std::vector<int32_t> prompt_ids;
   // chat:
   std::vector<ChatMessage> messages;
-  nlohmann::json tools;  // null when absent
+  nlohmann::ordered_json tools;  // null when absent
   std::optional<int> max_tokens;
   float temperature = 1.0f;  // OpenAI's default
   float top_p = 1.0f;
@@ -43,12 +44,13 @@ struct CompletionRequest {
 };
 
 // `body` is the parsed JSON body; `chat` selects the endpoint's schema.
-CompletionRequest ParseCompletionRequest(const nlohmann::json& body, bool chat);
+CompletionRequest ParseCompletionRequest(const nlohmann::ordered_json& body, bool chat);
 
 // The messages array of a chat request or of /apply-template.
-std::vector<ChatMessage> ParseMessages(const nlohmann::json& messages);
+std::vector<ChatMessage> ParseMessages(const nlohmann::ordered_json& messages);
 
-// Parses a request body; invalid JSON or a non-object is a 400.
-nlohmann::json ParseJsonBody(const std::string& body);
+// Parses a request body, keeping key order (chat templates print tools and
+// messages as the client sent them); invalid JSON or a non-object is a 400.
+nlohmann::ordered_json ParseJsonBody(const std::string& body);
 
 }  // namespace meshnet::api

@@ -4,6 +4,7 @@
 
 #include "api/api_error.h"
 #include "api/chat_format.h"
+#include "util/error.h"
 
 namespace meshnet::api {
 namespace {
@@ -44,12 +45,41 @@ TEST(Request, ToolMessagesKeepTheirExtraFields) {
   EXPECT_EQ(m[1].extra["tool_call_id"], "c1");
 }
 
-TEST(ChatMl, RendersRolesAndGenerationPrompt) {
+TEST(ChatFormatter, WithoutATemplateRendersChatMl) {
+  const ChatFormatter f;
+  EXPECT_EQ(f.kind(), "chatml");
   std::vector<ChatMessage> m = {{"system", "be brief"}, {"user", "hi"}};
-  EXPECT_EQ(RenderChatMl(m, true),
+  EXPECT_EQ(f.Render(m, true, nullptr),
             "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
             "<|im_start|>assistant\n");
-  EXPECT_EQ(RenderChatMl(m, false).find("assistant"), std::string::npos);
+  EXPECT_EQ(f.Render(m, false, nullptr).find("assistant"), std::string::npos);
+}
+
+TEST(ChatFormatter, JinjaTemplateGetsMessagesBosAndTools) {
+  const ChatFormatter f(
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+      "{% if tools %}{{ tools | length }} tools{% endif %}"
+      "{% if add_generation_prompt %}>{% endif %}",
+      "<s>", "</s>");
+  EXPECT_EQ(f.kind(), "jinja");
+  std::vector<ChatMessage> m = {{"user", "hi"}, {"assistant", "yo"}};
+  EXPECT_EQ(f.Render(m, true, nlohmann::ordered_json::array({{{"type", "function"}}})),
+            "<s>[user:hi][assistant:yo]1 tools>");
+}
+
+TEST(ChatFormatter, RaiseExceptionInTheTemplateIsA400) {
+  const ChatFormatter f("{{ raise_exception('roles must alternate') }}");
+  try {
+    f.Render({{"user", "a"}}, true, nullptr);
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("roles must alternate"), std::string::npos);
+  }
+}
+
+TEST(ChatFormatter, ATemplateThatDoesNotParseIsRefusedAtStartup) {
+  EXPECT_THROW(ChatFormatter("{% for %}"), Error);
 }
 
 }  // namespace

@@ -171,7 +171,16 @@ int RunApi(const ApiFlags& f) {
                          std::to_string(model_ctx));
   }
   model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
-  api::ChatFormatter formatter(f.chat_template.empty() ? "" : ReadFile(f.chat_template));
+  // --chat-template, else the GGUF's template, else ChatML.
+  std::string template_source = f.chat_template.empty() ? "" : ReadFile(f.chat_template);
+  if (template_source.empty() && f.chat_template.empty()) {
+    template_source = std::string(file->GetString("tokenizer.chat_template", ""));
+  }
+  auto token_text = [&](model::TokenId id) {
+    return id == model::kNoToken ? std::string() : tokenizer.TokenText(id);
+  };
+  api::ChatFormatter formatter(template_source, token_text(tokenizer.bos_id()),
+                               token_text(tokenizer.eos_id()));
 
   RouteSetup route;
   SetUpRoute(f, file, route);
