@@ -44,6 +44,7 @@ struct Fixture {
         meshnet::gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
     mesh::InProcessMeshOptions mo;
     mo.split = mesh::EvenSplit(3, 5);
+    mo.kv_config.max_sessions = 32;  // as `meshnet api --max-concurrent 32`
     mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
     meshnet::api::EngineOptions eo{"stories260K", 512, 32, 64};
     engine = std::make_unique<Engine>(
@@ -84,6 +85,7 @@ struct StreamTimes {
 StreamTimes StreamOnce(int port, const std::string& prompt) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(300, 0);
+  cli.set_tcp_nodelay(true);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -103,12 +105,17 @@ StreamTimes StreamOnce(int port, const std::string& prompt) {
     buf.append(data, len);
     size_t cut;
     while ((cut = buf.find("\n\n")) != std::string::npos) {
+      if (buf.compare(0, 6, "data: ") != 0) throw std::runtime_error("not SSE: " + buf);
       const std::string ev = buf.substr(6, cut - 6);
       buf.erase(0, cut + 2);
       if (ev == "[DONE]") continue;
-      const auto j = nlohmann::json::parse(ev);
-      if (j.contains("usage") && j["usage"].is_object()) t.tokens = j["usage"]["completion_tokens"];
-      if (j["choices"].empty() || j["choices"][0]["text"].get<std::string>().empty()) continue;
+      // Only the usage chunk is parsed: the client stays light.
+      if (ev.rfind("{\"choices\":[],", 0) == 0) {
+        t.tokens = nlohmann::json::parse(ev)["usage"]["completion_tokens"];
+        continue;
+      }
+      if (ev.find("\"error\":") != std::string::npos) throw std::runtime_error("error: " + ev);
+      if (ev.find("\"finish_reason\":null") == std::string::npos) continue;
       const Clock::time_point now = Clock::now();
       if (first) {
         t.ttft = Secs(now - start);
@@ -123,6 +130,7 @@ StreamTimes StreamOnce(int port, const std::string& prompt) {
   httplib::Response res;
   httplib::Error err;
   if (!cli.send(req, res, err)) throw std::runtime_error("request failed");
+  if (res.status != 200) throw std::runtime_error("HTTP " + std::to_string(res.status));
   return t;
 }
 

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <openssl/crypto.h>
+#include <sys/socket.h>
 
 #include <filesystem>
 #include <utility>
@@ -58,6 +59,14 @@ ApiServer::ApiServer(Engine* engine, ServerOptions options)
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_keep_alive_max_count(1000);
+  // Tokens go out as small writes; Nagle would hold each one back for the
+  // previous one's ACK.
+  http_->set_tcp_nodelay(true);
+  // Remember the listening socket: Bind() deepens its accept backlog.
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = sock;
+  });
   Routes();
 }
 
@@ -161,6 +170,9 @@ int ApiServer::Bind(const std::string& host, int port) {
     throw Error(ErrorKind::kUnavailable,
                 "cannot listen on " + host + ":" + std::to_string(port) + " (address in use?)");
   }
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients beyond
+  // that waits a SYN retransmission (1 s). Linux lets listen() raise it.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   return bound;
 }
 

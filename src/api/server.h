@@ -49,6 +49,7 @@ class ApiServer {
   Engine* engine_;
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_fd_ = -1;
 };
 
 }  // namespace meshnet::api
