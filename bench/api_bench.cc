@@ -9,6 +9,7 @@
 //     tokens/s.
 #include <benchmark/benchmark.h>
 #include <httplib.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +37,13 @@ constexpr int kTokens = 128;
 const char* kPrompt = "Once upon a time";
 
 double Secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// CPU seconds of the whole process (server, client and compute threads).
+double ProcessCpu() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 
 // One server for the whole binary.
 struct Fixture {
@@ -146,22 +154,30 @@ void BM_ApiVsGenerate(benchmark::State& state) {
   mesh::GenerateOptions options;
   options.max_tokens = kTokens;
   options.eos_id = f.engine->tokenizer().eos_id();
-  double gen_s = 0, api_s = 0;
+  double gen_s = 0, api_s = 0, gen_cpu = 0, api_cpu = 0;
   int64_t gen_tokens = 0, api_tokens = 0;
   for (auto _ : state) {
+    const double c0 = ProcessCpu();
     Clock::time_point t0 = Clock::now();
     mesh::FixedRouteProvider p(f.mesh->route());
     gen_tokens += mesh::Generate(p, prompt_ids, options).generated_ids.size();
     Clock::time_point t1 = Clock::now();
+    const double c1 = ProcessCpu();
     api_tokens += StreamOnce(f.port, kPrompt).tokens;
     Clock::time_point t2 = Clock::now();
+    const double c2 = ProcessCpu();
     gen_s += Secs(t1 - t0);
     api_s += Secs(t2 - t1);
+    gen_cpu += c1 - c0;
+    api_cpu += c2 - c1;
   }
   const double gen_tps = gen_tokens / gen_s, api_tps = api_tokens / api_s;
   state.counters["generate_tok_s"] = gen_tps;
   state.counters["api_tok_s"] = api_tps;
   state.counters["api_over_generate"] = api_tps / gen_tps;
+  // Tokens per CPU-second, API (server + client) over generate: insensitive
+  // to how busy the machine is.
+  state.counters["cpu_ratio"] = (api_tokens / api_cpu) / (gen_tokens / gen_cpu);
 }
 BENCHMARK(BM_ApiVsGenerate)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
