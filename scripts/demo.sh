@@ -63,7 +63,15 @@ echo "meshnet api on http://$api (chat page at /)" >&2
 escaped=$(printf '%s' "$prompt" | sed 's/\\/\\\\/g; s/"/\\"/g')
 body=$(printf '{"model":"stories260K","messages":[{"role":"user","content":"%s"}],"max_tokens":48,"temperature":0,"stream":true}' "$escaped")
 echo "\$ curl -N http://$api/v1/chat/completions -H 'Content-Type: application/json' -d '$body'" >&2
-curl -sS -N "http://$api/v1/chat/completions" -H 'Content-Type: application/json' -d "$body"
+curl -sS -N "http://$api/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" |
+  tee "$tmp/sse.txt"
+printf 'streamed answer: '
+python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    if l.startswith("data: {"):
+        c = json.loads(l[6:])["choices"]
+        sys.stdout.write(c[0]["delta"].get("content", "") if c else "")
+print()' "$tmp/sse.txt"
 if [[ "${MESHNET_DEMO_SERVE:-0}" == 1 ]]; then
   echo "serving http://$api until Ctrl-C" >&2
   wait "${pids[-1]}"
