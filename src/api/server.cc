@@ -72,94 +72,102 @@ ApiServer::ApiServer(Engine* engine, ServerOptions options)
 
 ApiServer::~ApiServer() = default;
 
+namespace {
+
+using Req = const httplib::Request&;
+using Res = httplib::Response&;
+
+// Wraps a handler: auth, ApiError -> error body, metrics by endpoint+status.
+template <typename Fn>
+httplib::Server::Handler Wrap(Engine* engine, const std::string* api_key, std::string endpoint,
+                              bool needs_key, Fn fn) {
+  return [=](Req req, Res res) {
+    try {
+      if (needs_key && !Authorized(req, *api_key)) {
+        throw ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                       "invalid_request_error", "", "invalid_api_key");
+      }
+      fn(req, res);
+    } catch (const ApiError& e) {
+      SetError(res, e);
+    } catch (const Error& e) {
+      // Typed errors reaching here come from the request (e.g. a tokenizer
+      // refusing input); anything else is ours.
+      const bool bad_input = e.kind() == ErrorKind::kInvalidArgument;
+      SetError(res, ApiError(bad_input ? 400 : 500, e.what(),
+                             bad_input ? "invalid_request_error" : "server_error"));
+    } catch (const std::exception& e) {
+      SetError(res, ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
+    }
+    engine->metrics().CountRequest(endpoint, res.status);
+  };
+}
+
+json ModelObject(const Engine& engine) {
+  return {{"id", engine.options().model_name},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "meshnet"}};
+}
+
+// Every failure httplib produces itself (unknown path 404, body too large
+// 413, malformed HTTP 400) gets an OpenAI-style body too. Handler responses
+// already have a body and pass through.
+void ErrorBody(Engine* engine, Req req, Res res) {
+  if (!res.body.empty()) return;
+  std::string message = "request failed with HTTP status " + std::to_string(res.status);
+  std::string code;
+  if (res.status == 404) {
+    message = "no route for " + req.method + " " + req.path;
+    code = "not_found";
+  } else if (res.status == 413) {
+    message = "the request body is larger than the limit (--max-body)";
+    code = "request_too_large";
+  }
+  SetJson(res, ApiError(res.status, message, "invalid_request_error", "", code).ToJson(),
+          res.status);
+  engine->metrics().CountRequest("unmatched", res.status);
+}
+
+}  // namespace
+
 void ApiServer::Routes() {
   Engine* engine = engine_;
-  // Wraps a handler: auth, ApiError -> error body, metrics by endpoint+status.
-  auto wrap = [this, engine](std::string endpoint, bool needs_key, auto fn) {
-    return [this, engine, endpoint, needs_key, fn](const httplib::Request& req,
-                                                   httplib::Response& res) {
-      try {
-        if (needs_key && !Authorized(req, options_.api_key)) {
-          throw ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                         "invalid_request_error", "", "invalid_api_key");
-        }
-        fn(req, res);
-      } catch (const ApiError& e) {
-        SetError(res, e);
-      } catch (const Error& e) {
-        // Typed errors reaching here come from the request (e.g. a tokenizer
-        // refusing input); anything else is ours.
-        const bool bad_input = e.kind() == ErrorKind::kInvalidArgument;
-        SetError(res, ApiError(bad_input ? 400 : 500, e.what(),
-                               bad_input ? "invalid_request_error" : "server_error"));
-      } catch (const std::exception& e) {
-        SetError(res, ApiError(500, std::string("internal error: ") + e.what(), "server_error"));
-      }
-      engine->metrics().CountRequest(endpoint, res.status);
-    };
-  };
-  using Req = const httplib::Request&;
-  using Res = httplib::Response&;
-  http_->Get("/", wrap("/", false, [](Req, Res res) {
+  const std::string* key = &options_.api_key;
+  http_->Get("/", Wrap(engine, key, "/", false, [](Req, Res res) {
                res.set_content(reinterpret_cast<const char*>(kChatHtml), sizeof kChatHtml,
                                "text/html; charset=utf-8");
              }));
-  http_->Get("/health",
-             wrap("/health", false, [engine](Req, Res res) { SetJson(res, engine->Health()); }));
-  http_->Get("/metrics", wrap("/metrics", false, [engine](Req, Res res) {
+  http_->Get("/health", Wrap(engine, key, "/health", false,
+                             [engine](Req, Res res) { SetJson(res, engine->Health()); }));
+  http_->Get("/metrics", Wrap(engine, key, "/metrics", false, [engine](Req, Res res) {
                res.set_content(engine->metrics().Render(engine->admission().in_flight(),
                                                         engine->admission().queued()),
                                "text/plain; version=0.0.4");
              }));
-  http_->Get("/v1/models", wrap("/v1/models", true, [engine](Req, Res res) {
-               json m = {{"id", engine->options().model_name},
-                         {"object", "model"},
-                         {"created", 0},
-                         {"owned_by", "meshnet"}};
-               SetJson(res, {{"object", "list"}, {"data", json::array({m})}});
+  http_->Get("/v1/models", Wrap(engine, key, "/v1/models", true, [engine](Req, Res res) {
+               SetJson(res, {{"object", "list"}, {"data", json::array({ModelObject(*engine)})}});
              }));
-  http_->Get("/v1/models/(.+)", wrap("/v1/models/{id}", true, [engine](Req req, Res res) {
+  http_->Get("/v1/models/(.+)",
+             Wrap(engine, key, "/v1/models/{id}", true, [engine](Req req, Res res) {
                if (req.matches[1] != engine->options().model_name) {
                  throw ApiError(404, "the model '" + req.matches[1].str() + "' does not exist",
                                 "invalid_request_error", "model", "model_not_found");
                }
-               SetJson(res, {{"id", engine->options().model_name},
-                             {"object", "model"},
-                             {"created", 0},
-                             {"owned_by", "meshnet"}});
+               SetJson(res, ModelObject(*engine));
              }));
-  http_->Post("/v1/completions", wrap("/v1/completions", true, [engine](Req req, Res res) {
-                HandleCompletion(*engine, req, res, false);
-              }));
-  http_->Post("/v1/chat/completions",
-              wrap("/v1/chat/completions", true,
-                   [engine](Req req, Res res) { HandleCompletion(*engine, req, res, true); }));
-  http_->Post("/tokenize", wrap("/tokenize", true,
-                                [engine](Req req, Res res) { HandleTokenize(*engine, req, res); }));
-  http_->Post("/detokenize", wrap("/detokenize", true, [engine](Req req, Res res) {
-                HandleDetokenize(*engine, req, res);
-              }));
-  http_->Post("/apply-template", wrap("/apply-template", true, [engine](Req req, Res res) {
-                HandleApplyTemplate(*engine, req, res);
-              }));
-  // Every other failure httplib produces itself (unknown path 404, body too
-  // large 413, malformed HTTP 400) gets an OpenAI-style body too. Handler
-  // responses already have a body and pass through.
-  http_->set_error_handler([engine](Req req, Res res) {
-    if (!res.body.empty()) return;
-    std::string type = "invalid_request_error";
-    std::string message = "request failed with HTTP status " + std::to_string(res.status);
-    std::string code;
-    if (res.status == 404) {
-      message = "no route for " + req.method + " " + req.path;
-      code = "not_found";
-    } else if (res.status == 413) {
-      message = "the request body is larger than the limit (--max-body)";
-      code = "request_too_large";
-    }
-    SetJson(res, ApiError(res.status, message, type, "", code).ToJson(), res.status);
-    engine->metrics().CountRequest("unmatched", res.status);
-  });
+  auto post = [&](const std::string& path, auto handler) {
+    http_->Post(path, Wrap(engine, key, path, true,
+                           [engine, handler](Req req, Res res) { handler(*engine, req, res); }));
+  };
+  post("/v1/completions",
+       [](Engine& e, Req req, Res res) { HandleCompletion(e, req, res, false); });
+  post("/v1/chat/completions",
+       [](Engine& e, Req req, Res res) { HandleCompletion(e, req, res, true); });
+  post("/tokenize", HandleTokenize);
+  post("/detokenize", HandleDetokenize);
+  post("/apply-template", HandleApplyTemplate);
+  http_->set_error_handler([engine](Req req, Res res) { ErrorBody(engine, req, res); });
 }
 
 int ApiServer::Bind(const std::string& host, int port) {

@@ -151,6 +151,32 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
 #endif
 }
 
+// --chat-template, else the GGUF's template, else ChatML.
+api::ChatFormatter MakeFormatter(const ApiFlags& f, const gguf::GgufFile& file,
+                                 const model::Tokenizer& tokenizer) {
+  std::string source = f.chat_template.empty() ? "" : ReadFile(f.chat_template);
+  if (f.chat_template.empty()) source = std::string(file.GetString("tokenizer.chat_template", ""));
+  auto token_text = [&](model::TokenId id) {
+    return id == model::kNoToken ? std::string() : tokenizer.TokenText(id);
+  };
+  return api::ChatFormatter(source, token_text(tokenizer.bos_id()), token_text(tokenizer.eos_id()));
+}
+
+api::ServerOptions MakeServerOptions(const ApiFlags& f) {
+  api::ServerOptions so;
+  so.api_key = f.api_key;
+  if (so.api_key.empty()) {
+    if (const char* env = std::getenv("MESHNET_API_KEY")) so.api_key = env;
+  }
+  so.tls_cert = f.tls_cert;
+  so.tls_key = f.tls_key;
+  so.max_body_bytes = static_cast<size_t>(ParseByteSize(f.max_body));
+  // Every admitted or queued request holds a connection thread, plus room for
+  // /health, /metrics and the 429 answers.
+  so.worker_threads = f.max_concurrent + f.queue + 8;
+  return so;
+}
+
 int RunApi(const ApiFlags& f) {
   Validate(f);
   const auto [host, port] = ParseListen(f.listen);
@@ -171,16 +197,7 @@ int RunApi(const ApiFlags& f) {
                          std::to_string(model_ctx));
   }
   model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
-  // --chat-template, else the GGUF's template, else ChatML.
-  std::string template_source = f.chat_template.empty() ? "" : ReadFile(f.chat_template);
-  if (template_source.empty() && f.chat_template.empty()) {
-    template_source = std::string(file->GetString("tokenizer.chat_template", ""));
-  }
-  auto token_text = [&](model::TokenId id) {
-    return id == model::kNoToken ? std::string() : tokenizer.TokenText(id);
-  };
-  api::ChatFormatter formatter(template_source, token_text(tokenizer.bos_id()),
-                               token_text(tokenizer.eos_id()));
+  api::ChatFormatter formatter = MakeFormatter(f, *file, tokenizer);
 
   RouteSetup route;
   SetUpRoute(f, file, route);
@@ -192,18 +209,7 @@ int RunApi(const ApiFlags& f) {
   eo.max_queue = f.queue;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
 
-  api::ServerOptions so;
-  so.api_key = f.api_key;
-  if (so.api_key.empty()) {
-    if (const char* env = std::getenv("MESHNET_API_KEY")) so.api_key = env;
-  }
-  so.tls_cert = f.tls_cert;
-  so.tls_key = f.tls_key;
-  so.max_body_bytes = static_cast<size_t>(ParseByteSize(f.max_body));
-  // Every admitted or queued request holds a connection thread, plus room for
-  // /health, /metrics and the 429 answers.
-  so.worker_threads = f.max_concurrent + f.queue + 8;
-  api::ApiServer server(&engine, so);
+  api::ApiServer server(&engine, MakeServerOptions(f));
   const int bound = server.Bind(host, port);
   std::thread serving([&server] { server.Serve(); });
   std::printf("listening on %s:%d\n", host.c_str(), bound);
