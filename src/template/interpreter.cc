@@ -320,7 +320,7 @@ Value Interpreter::Eval(const Expr& e, Frame& frame) {
     case Expr::Type::kList: {
       List list;
       for (const ExprPtr& a : e.args) list.push_back(Eval(*a, frame));
-      return Value(std::move(list));
+      return e.name == "tuple" ? Value::Tuple(std::move(list)) : Value(std::move(list));
     }
     case Expr::Type::kDict: {
       Dict dict;

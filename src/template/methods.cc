@@ -114,10 +114,10 @@ Value Format(const std::string& s, CallArgs& a) {
 
 Value StringMethod(Interpreter& in, const std::string& s, const std::string& name, CallArgs& a,
                    bool* found) {
-  std::string chars = StrArg(a, 0, "chars", std::string(kWhitespace));
-  if (name == "strip") return Value(Strip(s, chars, true, true));
-  if (name == "lstrip") return Value(Strip(s, chars, true, false));
-  if (name == "rstrip") return Value(Strip(s, chars, false, true));
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    std::string chars = StrArg(a, 0, "chars", std::string(kWhitespace));
+    return Value(Strip(s, chars, name != "rstrip", name != "lstrip"));
+  }
   if (name == "split") return Split(s, a);
   if (name == "startswith") return Value(AffixMatch(s, a.Get(0, "prefix"), true));
   if (name == "endswith") return Value(AffixMatch(s, a.Get(0, "suffix"), false));
@@ -156,8 +156,19 @@ Value StringMethod(Interpreter& in, const std::string& s, const std::string& nam
     }
     return Value(std::move(out));
   }
+  if (name == "title") {  // Python's str.title: a cased letter after an uncased one is upper
+    std::string out = s;
+    bool prev_cased = false;
+    for (char& c : out) {
+      bool upper = c >= 'A' && c <= 'Z', lower = c >= 'a' && c <= 'z';
+      if (upper && prev_cased) c = static_cast<char>(c - 'A' + 'a');
+      if (lower && !prev_cased) c = static_cast<char>(c - 'a' + 'A');
+      prev_cased = upper || lower;
+    }
+    return Value(std::move(out));
+  }
   // The rest map to filters of the same meaning.
-  static const char* const kAsFilter[] = {"upper", "lower", "title", "capitalize", "replace"};
+  static const char* const kAsFilter[] = {"upper", "lower", "capitalize", "replace"};
   for (const char* f : kAsFilter) {
     if (name == f) return ApplyFilter(in, f, Value(s), a);
   }
@@ -169,7 +180,7 @@ Value DictMethod(const Value& obj, const std::string& name, CallArgs& a, bool* f
   const Dict& d = obj.is_dict() ? obj.as_dict() : obj.as_namespace().attrs;
   if (name == "items") {
     List out;
-    for (const auto& [k, v] : d) out.push_back(Value(List{Value(k), v}));
+    for (const auto& [k, v] : d) out.push_back(Value::Tuple(List{Value(k), v}));
     return Value(std::move(out));
   }
   if (name == "keys" || name == "values") {

@@ -147,13 +147,14 @@ std::string Value::Repr() const {
     case Kind::kString:
       return ReprString(as_string());
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       bool first = true;
       for (const Value& v : as_list()) {
         if (!first) out += ", ";
         first = false;
         out += v.Repr();
       }
+      if (tuple_) return out + (as_list().size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict:

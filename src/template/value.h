@@ -63,6 +63,12 @@ class Value {
   Value(std::shared_ptr<Namespace> n) : v_(std::move(n)) {}          // NOLINT
 
   static Value FromJson(const nlohmann::ordered_json& j);
+  // A Python tuple: a list that prints as (a, b).
+  static Value Tuple(List l) {
+    Value v(std::move(l));
+    v.tuple_ = true;
+    return v;
+  }
 
   Kind kind() const { return static_cast<Kind>(v_.index()); }
   bool is_undefined() const { return kind() == Kind::kUndefined; }
@@ -107,6 +113,7 @@ class Value {
                std::shared_ptr<const Dict>, std::shared_ptr<const Callable>,
                std::shared_ptr<Namespace>>
       v_;
+  bool tuple_ = false;  // a list that is a Python tuple (prints as (a, b))
 };
 
 struct CallArgs {
