@@ -219,6 +219,8 @@ void Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
   if (ns == nullptr || !ns->is_namespace()) {
     ThrowRuntime("cannot assign attribute on non-namespace object");
   }
+  if (v.holds_namespace())
+    ThrowRuntime("a namespace attribute cannot hold a namespace or a function");
   Dict& attrs = ns->as_namespace().attrs;
   for (auto& [k, old] : attrs) {
     if (k == s.attr) {

@@ -1,5 +1,6 @@
 #include "template/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -10,7 +11,40 @@ void ThrowRuntime(const std::string& message) {
   throw TemplateError(ErrorKind::kInvalidArgument, message);
 }
 
-Value Value::FromJson(const nlohmann::ordered_json& j) {
+namespace {
+
+template <typename Items, typename Get>
+void MeasureNesting(const Items& items, Get get, uint16_t* depth, bool* holds_ns) {
+  int max_child = 0;
+  for (const auto& item : items) {
+    const Value& v = get(item);
+    max_child = std::max<int>(max_child, v.nesting_depth());
+    *holds_ns = *holds_ns || v.holds_namespace();
+  }
+  if (max_child + 1 > Value::kMaxValueDepth) {
+    ThrowRuntime("value nested deeper than " + std::to_string(Value::kMaxValueDepth) + " levels");
+  }
+  *depth = static_cast<uint16_t>(max_child + 1);
+}
+
+}  // namespace
+
+Value::Value(List l) {
+  MeasureNesting(
+      l, [](const Value& v) -> const Value& { return v; }, &depth_, &holds_ns_);
+  v_ = std::make_shared<const List>(std::move(l));
+}
+
+Value::Value(Dict d) {
+  MeasureNesting(
+      d, [](const auto& kv) -> const Value& { return kv.second; }, &depth_, &holds_ns_);
+  v_ = std::make_shared<const Dict>(std::move(d));
+}
+
+Value Value::FromJson(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxValueDepth) {
+    ThrowRuntime("JSON input nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  }
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
     case nlohmann::ordered_json::value_t::discarded:
@@ -31,13 +65,13 @@ Value Value::FromJson(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List list;
       list.reserve(j.size());
-      for (const auto& e : j) list.push_back(FromJson(e));
+      for (const auto& e : j) list.push_back(FromJson(e, depth + 1));
       return Value(std::move(list));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict dict;
       dict.reserve(j.size());
-      for (const auto& [k, v] : j.items()) dict.emplace_back(k, FromJson(v));
+      for (const auto& [k, v] : j.items()) dict.emplace_back(k, FromJson(v, depth + 1));
       return Value(std::move(dict));
     }
     case nlohmann::ordered_json::value_t::binary:
