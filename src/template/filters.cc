@@ -25,12 +25,7 @@ bool ArgBool(CallArgs& a, size_t i, std::string_view name, bool def) {
   return v == nullptr || v->is_undefined() ? def : v->Truthy();
 }
 
-std::string Trim(std::string_view s, std::string_view chars = " \t\n\r\f\v") {
-  size_t b = s.find_first_not_of(chars);
-  if (b == std::string_view::npos) return "";
-  size_t e = s.find_last_not_of(chars);
-  return std::string(s.substr(b, e - b + 1));
-}
+std::string Trim(std::string_view s) { return PyStrip(s, nullptr, true, true); }
 
 std::string ToLower(std::string s) {
   for (char& c : s) {
@@ -317,7 +312,11 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"unique", FilterUnique},
       {"trim",
        [](Interpreter&, const Value& v, CallArgs& a) {
-         return Value(Trim(v.Str(), ArgString(a, 0, "chars", " \t\n\r\f\v")));
+         const Value* chars = Arg(a, 0, "chars");
+         if (chars == nullptr || chars->is_none() || chars->is_undefined())
+           return Value(Trim(v.Str()));
+         std::string set = chars->Str();
+         return Value(PyStrip(v.Str(), &set, true, true));
        }},
       {"string", [](Interpreter&, const Value& v, CallArgs&) { return Value(v.Str()); }},
       {"safe", [](Interpreter&, const Value& v, CallArgs&) { return v; }},

@@ -7,24 +7,11 @@
 namespace meshnet::jinja {
 namespace {
 
-constexpr std::string_view kWhitespace = " \t\n\r\f\v";
-
 std::string StrArg(CallArgs& a, size_t i, std::string_view name, std::string def) {
   const Value* v = a.Get(i, name);
   if (v == nullptr || v->is_none() || v->is_undefined()) return def;
   if (!v->is_string()) ThrowRuntime("expected a string argument, got " + v->TypeName());
   return v->as_string();
-}
-
-std::string Strip(std::string_view s, std::string_view chars, bool left, bool right) {
-  size_t b = 0, e = s.size();
-  if (left) {
-    while (b < e && chars.find(s[b]) != std::string_view::npos) ++b;
-  }
-  if (right) {
-    while (e > b && chars.find(s[e - 1]) != std::string_view::npos) --e;
-  }
-  return std::string(s.substr(b, e - b));
 }
 
 Value Split(const std::string& s, CallArgs& a) {
@@ -35,14 +22,14 @@ Value Split(const std::string& s, CallArgs& a) {
   if (sep_v == nullptr || sep_v->is_none()) {  // split on runs of whitespace
     size_t i = 0;
     while (true) {
-      while (i < s.size() && kWhitespace.find(s[i]) != std::string_view::npos) ++i;
+      while (size_t n = WhitespaceAt(s, i)) i += n;
       if (i >= s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        out.emplace_back(Strip(s.substr(i), kWhitespace, false, true));
+        out.emplace_back(PyStrip(s.substr(i), nullptr, false, true));
         break;
       }
       size_t j = i;
-      while (j < s.size() && kWhitespace.find(s[j]) == std::string_view::npos) ++j;
+      while (j < s.size() && WhitespaceAt(s, j) == 0) ++j;
       out.emplace_back(s.substr(i, j - i));
       i = j;
     }
@@ -115,8 +102,10 @@ Value Format(const std::string& s, CallArgs& a) {
 Value StringMethod(Interpreter& in, const std::string& s, const std::string& name, CallArgs& a,
                    bool* found) {
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    std::string chars = StrArg(a, 0, "chars", std::string(kWhitespace));
-    return Value(Strip(s, chars, name != "rstrip", name != "lstrip"));
+    const Value* c = a.Get(0, "chars");
+    std::string chars = c == nullptr || c->is_none() ? "" : StrArg(a, 0, "chars", "");
+    bool ws = c == nullptr || c->is_none();
+    return Value(PyStrip(s, ws ? nullptr : &chars, name != "rstrip", name != "lstrip"));
   }
   if (name == "split") return Split(s, a);
   if (name == "startswith") return Value(AffixMatch(s, a.Get(0, "prefix"), true));

@@ -146,5 +146,12 @@ std::string ToJson(const Value& v, const JsonDumpOptions& opts);
 // UTF-8 helpers: Python indexes strings by code point.
 std::vector<std::string_view> SplitCodePoints(std::string_view s);
 size_t CodePointCount(std::string_view s);
+// Byte length of the Python whitespace character (str.isspace(): ASCII whitespace, U+001C-001F,
+// U+0085, U+00A0, U+1680, U+2000-200A, U+2028/9, U+202F, U+205F, U+3000) starting at s[i] /
+// ending at s[end-1]; 0 if there is none.
+size_t WhitespaceAt(std::string_view s, size_t i);
+size_t WhitespaceBefore(std::string_view s, size_t end);
+// Python's str.strip/lstrip/rstrip: with `chars` null, Unicode whitespace; else those code points.
+std::string PyStrip(std::string_view s, const std::string* chars, bool left, bool right);
 
 }  // namespace meshnet::jinja
