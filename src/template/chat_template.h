@@ -52,8 +52,8 @@ struct ChatTemplateOptions {
   nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();
   // Limits: a hostile template gets an error, never unbounded time or memory.
   std::size_t max_output_bytes = 8u << 20;
-  std::uint64_t max_steps = 20'000'000;  // evaluated nodes (loop iterations, expressions, ...)
-  int max_depth = 200;                   // nested calls / expressions / statements
+  std::uint64_t max_steps = 5'000'000;  // evaluated nodes (loop iterations, expressions, ...)
+  int max_depth = 400;                  // nested calls / expressions / statements
 };
 
 struct Program;  // the parsed template (AST), internal

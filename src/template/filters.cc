@@ -25,12 +25,7 @@ bool ArgBool(CallArgs& a, size_t i, std::string_view name, bool def) {
   return v == nullptr || v->is_undefined() ? def : v->Truthy();
 }
 
-std::string Trim(std::string_view s, std::string_view chars = " \t\n\r\f\v") {
-  size_t b = s.find_first_not_of(chars);
-  if (b == std::string_view::npos) return "";
-  size_t e = s.find_last_not_of(chars);
-  return std::string(s.substr(b, e - b + 1));
-}
+std::string Trim(std::string_view s) { return PyStrip(s, nullptr, true, true); }
 
 std::string ToLower(std::string s) {
   for (char& c : s) {
@@ -174,29 +169,29 @@ Value FilterReplace(Interpreter& in, const Value& input, CallArgs& args) {
   return Value(std::move(out));
 }
 
+// jinja2's indent: the text gets a "\n" appended and is split into lines (so a trailing newline
+// is dropped); blank lines are indented only with blank=true, the first line only with first=true.
 Value FilterIndent(Interpreter& in, const Value& input, CallArgs& args) {
   const Value* w = Arg(args, 0, "width");
-  std::string pad =
-      w == nullptr ? "    "
-      : w->is_string()
-          ? w->as_string()
-          : std::string(std::clamp<int64_t>(w->is_int() ? w->as_int() : 4, 0, 256), ' ');
+  std::string pad = "    ";
+  if (w != nullptr && w->is_string()) pad = w->as_string();
+  if (w != nullptr && w->is_int()) pad.assign(std::clamp<int64_t>(w->as_int(), 0, 256), ' ');
   bool first = ArgBool(args, 1, "first", false), blank = ArgBool(args, 2, "blank", false);
-  std::string s = input.Str(), out;
-  size_t b = 0;
-  bool is_first = true;
-  while (true) {
-    size_t e = s.find('\n', b);
-    std::string line = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    bool indent = (is_first ? first : true) && (blank || !line.empty());
-    out += (indent ? pad : "") + line;
-    in.CheckSize(out.size());
-    if (e == std::string::npos) break;
-    out += '\n';
-    b = e + 1;
-    is_first = false;
+  std::string s = input.Str() + "\n";
+  std::vector<std::string> lines;
+  for (size_t b = 0; b < s.size();) {
+    size_t e = s.find_first_of("\n\r\v\f", b);
+    lines.push_back(s.substr(b, e - b));
+    b = e + ((s[e] == '\r' && e + 1 < s.size() && s[e + 1] == '\n') ? 2 : 1);
   }
-  return Value(std::move(out));
+  std::string out = lines.empty() ? "" : lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    out += "\n";
+    if (blank || !lines[i].empty()) out += pad;
+    out += lines[i];
+    in.CheckSize(out.size());
+  }
+  return Value(first ? pad + out : out);
 }
 
 Value FilterSort(Interpreter& in, const Value& input, CallArgs& args) {
@@ -219,7 +214,7 @@ Value FilterItems(Interpreter&, const Value& v, CallArgs&) {
   if (v.is_undefined()) return Value(List{});
   if (!v.is_dict()) ThrowRuntime("Can only get item pairs from a mapping.");
   List out;
-  for (const auto& [k, val] : v.as_dict()) out.push_back(Value(List{Value(k), val}));
+  for (const auto& [k, val] : v.as_dict()) out.push_back(Value::Tuple(List{Value(k), val}));
   return Value(std::move(out));
 }
 
@@ -268,12 +263,14 @@ Value FilterFirstLast(const Value& v, bool first) {
   return first ? items.front() : items.back();
 }
 
+// jinja2's title filter: words start after runs of whitespace, '-', '(', '{', '[' or '<'.
 Value FilterTitle(std::string s) {
   bool start = true;
   for (char& c : s) {
-    bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-    if (alpha) c = start ? ToUpper(std::string(1, c))[0] : ToLower(std::string(1, c))[0];
-    start = !alpha && !(c >= '0' && c <= '9') && c != '\'';
+    bool boundary = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' ||
+                    c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    if (!boundary) c = start ? ToUpper(std::string(1, c))[0] : ToLower(std::string(1, c))[0];
+    start = boundary;
   }
   return Value(std::move(s));
 }
@@ -315,7 +312,11 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"unique", FilterUnique},
       {"trim",
        [](Interpreter&, const Value& v, CallArgs& a) {
-         return Value(Trim(v.Str(), ArgString(a, 0, "chars", " \t\n\r\f\v")));
+         const Value* chars = Arg(a, 0, "chars");
+         if (chars == nullptr || chars->is_none() || chars->is_undefined())
+           return Value(Trim(v.Str()));
+         std::string set = chars->Str();
+         return Value(PyStrip(v.Str(), &set, true, true));
        }},
       {"string", [](Interpreter&, const Value& v, CallArgs&) { return Value(v.Str()); }},
       {"safe", [](Interpreter&, const Value& v, CallArgs&) { return v; }},

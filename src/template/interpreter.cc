@@ -219,6 +219,8 @@ void Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
   if (ns == nullptr || !ns->is_namespace()) {
     ThrowRuntime("cannot assign attribute on non-namespace object");
   }
+  if (v.holds_namespace())
+    ThrowRuntime("a namespace attribute cannot hold a namespace or a function");
   Dict& attrs = ns->as_namespace().attrs;
   for (auto& [k, old] : attrs) {
     if (k == s.attr) {
@@ -320,7 +322,7 @@ Value Interpreter::Eval(const Expr& e, Frame& frame) {
     case Expr::Type::kList: {
       List list;
       for (const ExprPtr& a : e.args) list.push_back(Eval(*a, frame));
-      return Value(std::move(list));
+      return e.name == "tuple" ? Value::Tuple(std::move(list)) : Value(std::move(list));
     }
     case Expr::Type::kDict: {
       Dict dict;

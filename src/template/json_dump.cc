@@ -11,8 +11,8 @@ namespace meshnet::jinja {
 namespace {
 
 void AppendCodeUnitEscape(std::string& out, unsigned v) {
-  char buf[8];
-  std::snprintf(buf, sizeof(buf), "\\u%04x", v);
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "\\u%04x", v & 0xffffu);
   out += buf;
 }
 

@@ -160,14 +160,15 @@ class Lexer {
   void StripText(std::string& text, char type, char sign) {
     if (sign == '-') {
       size_t end = text.size();
-      while (end > 0 && IsSpace(text[end - 1])) --end;
+      while (size_t n = WhitespaceBefore(text, end)) end -= n;
       text.resize(end);
     } else if (sign != '+' && type != '{') {
       size_t nl = text.rfind('\n');
       size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
       if (l_pos > 0 || line_starting_) {
-        bool all_space = l_pos < text.size();
-        for (size_t i = l_pos; i < text.size(); ++i) all_space = all_space && IsSpace(text[i]);
+        size_t i = l_pos;
+        while (size_t n = WhitespaceAt(text, i)) i += n;
+        bool all_space = l_pos < text.size() && i == text.size();
         if (all_space) text.resize(l_pos);
       }
     }
@@ -186,7 +187,10 @@ class Lexer {
   void ConsumeTagSuffix(char sign, bool trim_blocks) {
     char last = s_[pos_ - 1];
     if (sign == '-') {
-      while (pos_ < s_.size() && IsSpace(s_[pos_])) last = s_[pos_++];
+      while (size_t n = WhitespaceAt(s_, pos_)) {
+        pos_ += n;
+        last = s_[pos_ - 1];
+      }
     } else if (sign != '+' && trim_blocks && pos_ < s_.size() && s_[pos_] == '\n') {
       last = s_[pos_++];
     }
@@ -233,7 +237,7 @@ class Lexer {
     int depth = 0;
     const char* end = variable ? "}}" : "%}";
     while (true) {
-      while (pos_ < s_.size() && IsSpace(s_[pos_])) ++pos_;
+      while (size_t n = WhitespaceAt(s_, pos_)) pos_ += n;
       if (pos_ >= s_.size())
         SyntaxError(variable ? "unexpected end of template, expected '}}'"
                              : "unexpected end of template, expected '%}'",

@@ -7,24 +7,11 @@
 namespace meshnet::jinja {
 namespace {
 
-constexpr std::string_view kWhitespace = " \t\n\r\f\v";
-
 std::string StrArg(CallArgs& a, size_t i, std::string_view name, std::string def) {
   const Value* v = a.Get(i, name);
   if (v == nullptr || v->is_none() || v->is_undefined()) return def;
   if (!v->is_string()) ThrowRuntime("expected a string argument, got " + v->TypeName());
   return v->as_string();
-}
-
-std::string Strip(std::string_view s, std::string_view chars, bool left, bool right) {
-  size_t b = 0, e = s.size();
-  if (left) {
-    while (b < e && chars.find(s[b]) != std::string_view::npos) ++b;
-  }
-  if (right) {
-    while (e > b && chars.find(s[e - 1]) != std::string_view::npos) --e;
-  }
-  return std::string(s.substr(b, e - b));
 }
 
 Value Split(const std::string& s, CallArgs& a) {
@@ -35,14 +22,14 @@ Value Split(const std::string& s, CallArgs& a) {
   if (sep_v == nullptr || sep_v->is_none()) {  // split on runs of whitespace
     size_t i = 0;
     while (true) {
-      while (i < s.size() && kWhitespace.find(s[i]) != std::string_view::npos) ++i;
+      while (size_t n = WhitespaceAt(s, i)) i += n;
       if (i >= s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        out.emplace_back(Strip(s.substr(i), kWhitespace, false, true));
+        out.emplace_back(PyStrip(s.substr(i), nullptr, false, true));
         break;
       }
       size_t j = i;
-      while (j < s.size() && kWhitespace.find(s[j]) == std::string_view::npos) ++j;
+      while (j < s.size() && WhitespaceAt(s, j) == 0) ++j;
       out.emplace_back(s.substr(i, j - i));
       i = j;
     }
@@ -114,10 +101,12 @@ Value Format(const std::string& s, CallArgs& a) {
 
 Value StringMethod(Interpreter& in, const std::string& s, const std::string& name, CallArgs& a,
                    bool* found) {
-  std::string chars = StrArg(a, 0, "chars", std::string(kWhitespace));
-  if (name == "strip") return Value(Strip(s, chars, true, true));
-  if (name == "lstrip") return Value(Strip(s, chars, true, false));
-  if (name == "rstrip") return Value(Strip(s, chars, false, true));
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    const Value* c = a.Get(0, "chars");
+    std::string chars = c == nullptr || c->is_none() ? "" : StrArg(a, 0, "chars", "");
+    bool ws = c == nullptr || c->is_none();
+    return Value(PyStrip(s, ws ? nullptr : &chars, name != "rstrip", name != "lstrip"));
+  }
   if (name == "split") return Split(s, a);
   if (name == "startswith") return Value(AffixMatch(s, a.Get(0, "prefix"), true));
   if (name == "endswith") return Value(AffixMatch(s, a.Get(0, "suffix"), false));
@@ -156,8 +145,19 @@ Value StringMethod(Interpreter& in, const std::string& s, const std::string& nam
     }
     return Value(std::move(out));
   }
+  if (name == "title") {  // Python's str.title: a cased letter after an uncased one is upper
+    std::string out = s;
+    bool prev_cased = false;
+    for (char& c : out) {
+      bool upper = c >= 'A' && c <= 'Z', lower = c >= 'a' && c <= 'z';
+      if (upper && prev_cased) c = static_cast<char>(c - 'A' + 'a');
+      if (lower && !prev_cased) c = static_cast<char>(c - 'a' + 'A');
+      prev_cased = upper || lower;
+    }
+    return Value(std::move(out));
+  }
   // The rest map to filters of the same meaning.
-  static const char* const kAsFilter[] = {"upper", "lower", "title", "capitalize", "replace"};
+  static const char* const kAsFilter[] = {"upper", "lower", "capitalize", "replace"};
   for (const char* f : kAsFilter) {
     if (name == f) return ApplyFilter(in, f, Value(s), a);
   }
@@ -169,7 +169,7 @@ Value DictMethod(const Value& obj, const std::string& name, CallArgs& a, bool* f
   const Dict& d = obj.is_dict() ? obj.as_dict() : obj.as_namespace().attrs;
   if (name == "items") {
     List out;
-    for (const auto& [k, v] : d) out.push_back(Value(List{Value(k), v}));
+    for (const auto& [k, v] : d) out.push_back(Value::Tuple(List{Value(k), v}));
     return Value(std::move(out));
   }
   if (name == "keys" || name == "values") {

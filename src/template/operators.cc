@@ -8,12 +8,6 @@ namespace {
 
 [[noreturn]] void ThrowUndefined(const Value& v) { ThrowRuntime(v.undefined_hint()); }
 
-std::string Join(const std::vector<std::string_view>& parts, size_t begin, size_t end) {
-  std::string out;
-  for (size_t i = begin; i < end; ++i) out.append(parts[i]);
-  return out;
-}
-
 bool IsIntLike(const Value& v) { return v.is_int() || v.is_bool(); }
 int64_t AsIntLike(const Value& v) { return v.is_bool() ? v.as_bool() : v.as_int(); }
 

@@ -285,7 +285,7 @@ class Parser {
   ExprPtr ParseTuple(bool allow_empty, bool with_condexpr = true) {
     ExprPtr first = with_condexpr ? ParseExpr() : ParseOr();
     if (!IsOp(",")) return first;
-    auto list = Node(Expr::Type::kList);
+    auto list = Node(Expr::Type::kList, "tuple");
     list->args.push_back(std::move(first));
     while (SkipOp(",")) {
       if (Cur().kind == TokenKind::kBlockEnd || Cur().kind == TokenKind::kVarEnd) break;
@@ -453,10 +453,10 @@ ExprPtr Parser::ParsePrimary() {
       Fail("unexpected " + Describe(tok));
   }
   if (SkipOp("(")) {
-    if (SkipOp(")")) return Node(Expr::Type::kList);  // empty tuple
+    if (SkipOp(")")) return Node(Expr::Type::kList, "tuple");  // empty tuple
     ExprPtr first = ParseExpr();
     if (SkipOp(")")) return first;
-    auto list = Node(Expr::Type::kList);
+    auto list = Node(Expr::Type::kList, "tuple");
     list->args.push_back(std::move(first));
     while (SkipOp(",")) {
       if (IsOp(")")) break;

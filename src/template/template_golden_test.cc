@@ -2,8 +2,6 @@
 // the same bytes as Python jinja2 (render.py, run here) - or the same error the template raises.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,36 +9,17 @@
 #include <string>
 
 #include "template/chat_template.h"
+#include "template/template_test_util.h"
 
 namespace meshnet::jinja {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
-
-const fs::path kDataDir = fs::path(MESHNET_SOURCE_DIR) / "tests/data/templates";
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs a shell command, returns its stdout and exit status.
-std::pair<std::string, int> Run(const std::string& cmd) {
-  std::string out;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {"", -1};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  return {out, pclose(pipe)};
-}
-
-bool ReferenceAvailable() {
-  return Run(std::string(MESHNET_PYTHON) + " -c 'import jinja2' 2>/dev/null").second == 0;
-}
+using testutil::kDataDir;
+using testutil::ReadFile;
+using testutil::ReferenceAvailable;
+using testutil::Run;
 
 // name -> {"prompt": ...} or {"error": ...} from render.py.
 std::map<std::string, ordered_json> Reference(const fs::path& tmpl) {

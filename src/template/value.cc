@@ -1,5 +1,6 @@
 #include "template/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -10,7 +11,40 @@ void ThrowRuntime(const std::string& message) {
   throw TemplateError(ErrorKind::kInvalidArgument, message);
 }
 
-Value Value::FromJson(const nlohmann::ordered_json& j) {
+namespace {
+
+template <typename Items, typename Get>
+void MeasureNesting(const Items& items, Get get, uint16_t* depth, bool* holds_ns) {
+  int max_child = 0;
+  for (const auto& item : items) {
+    const Value& v = get(item);
+    max_child = std::max<int>(max_child, v.nesting_depth());
+    *holds_ns = *holds_ns || v.holds_namespace();
+  }
+  if (max_child + 1 > Value::kMaxValueDepth) {
+    ThrowRuntime("value nested deeper than " + std::to_string(Value::kMaxValueDepth) + " levels");
+  }
+  *depth = static_cast<uint16_t>(max_child + 1);
+}
+
+}  // namespace
+
+Value::Value(List l) {
+  MeasureNesting(
+      l, [](const Value& v) -> const Value& { return v; }, &depth_, &holds_ns_);
+  v_ = std::make_shared<const List>(std::move(l));
+}
+
+Value::Value(Dict d) {
+  MeasureNesting(
+      d, [](const auto& kv) -> const Value& { return kv.second; }, &depth_, &holds_ns_);
+  v_ = std::make_shared<const Dict>(std::move(d));
+}
+
+Value Value::FromJson(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxValueDepth) {
+    ThrowRuntime("JSON input nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  }
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
     case nlohmann::ordered_json::value_t::discarded:
@@ -31,13 +65,13 @@ Value Value::FromJson(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List list;
       list.reserve(j.size());
-      for (const auto& e : j) list.push_back(FromJson(e));
+      for (const auto& e : j) list.push_back(FromJson(e, depth + 1));
       return Value(std::move(list));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict dict;
       dict.reserve(j.size());
-      for (const auto& [k, v] : j.items()) dict.emplace_back(k, FromJson(v));
+      for (const auto& [k, v] : j.items()) dict.emplace_back(k, FromJson(v, depth + 1));
       return Value(std::move(dict));
     }
     case nlohmann::ordered_json::value_t::binary:
@@ -147,13 +181,14 @@ std::string Value::Repr() const {
     case Kind::kString:
       return ReprString(as_string());
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       bool first = true;
       for (const Value& v : as_list()) {
         if (!first) out += ", ";
         first = false;
         out += v.Repr();
       }
+      if (tuple_) return out + (as_list().size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict:
@@ -304,6 +339,72 @@ size_t CodePointCount(std::string_view s) {
   size_t n = 0;
   for (unsigned char c : s) n += (c & 0xc0) != 0x80;
   return n;
+}
+
+namespace {
+
+bool IsPyWhitespace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+// Decodes the UTF-8 sequence of `len` bytes at s[i] (len from the lead byte).
+uint32_t DecodeAt(std::string_view s, size_t i, size_t len) {
+  unsigned char c = s[i];
+  uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+  return cp;
+}
+
+size_t LeadLength(unsigned char c) {
+  return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+}
+
+}  // namespace
+
+size_t WhitespaceAt(std::string_view s, size_t i) {
+  if (i >= s.size()) return 0;
+  size_t len = LeadLength(s[i]);
+  if (i + len > s.size()) return 0;
+  return IsPyWhitespace(DecodeAt(s, i, len)) ? len : 0;
+}
+
+size_t WhitespaceBefore(std::string_view s, size_t end) {
+  size_t b = end;
+  while (b > 0 && end - b < 4) {
+    --b;
+    if ((static_cast<unsigned char>(s[b]) & 0xc0) != 0x80) break;
+  }
+  if (b == end) return 0;
+  size_t len = WhitespaceAt(s, b);
+  return len == end - b ? len : 0;
+}
+
+std::string PyStrip(std::string_view s, const std::string* chars, bool left, bool right) {
+  std::vector<std::string_view> set;
+  if (chars != nullptr) set = SplitCodePoints(*chars);
+  auto match_at = [&](size_t i) -> size_t {
+    if (chars == nullptr) return WhitespaceAt(s, i);
+    for (std::string_view c : set) {
+      if (s.compare(i, c.size(), c) == 0) return c.size();
+    }
+    return 0;
+  };
+  size_t b = 0, e = s.size();
+  while (left && b < e) {
+    size_t n = match_at(b);
+    if (n == 0) break;
+    b += n;
+  }
+  while (right && e > b) {
+    size_t p = e - 1;
+    while (p > b && (static_cast<unsigned char>(s[p]) & 0xc0) == 0x80) --p;
+    size_t n = match_at(p);
+    if (n == 0 || p + n != e) break;
+    e = p;
+  }
+  return std::string(s.substr(b, e - b));
 }
 
 }  // namespace meshnet::jinja

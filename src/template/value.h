@@ -57,12 +57,23 @@ class Value {
   Value(double d) : v_(d) {}                     // NOLINT
   Value(std::string s) : v_(std::move(s)) {}     // NOLINT
   Value(const char* s) : v_(std::string(s)) {}   // NOLINT
-  Value(List l) : v_(std::make_shared<const List>(std::move(l))) {}  // NOLINT
-  Value(Dict d) : v_(std::make_shared<const Dict>(std::move(d))) {}  // NOLINT
-  Value(std::shared_ptr<const Callable> c) : v_(std::move(c)) {}     // NOLINT
-  Value(std::shared_ptr<Namespace> n) : v_(std::move(n)) {}          // NOLINT
+  // Containers record their nesting depth and whether they hold a namespace: values deeper
+  // than kMaxValueDepth are refused (recursive printing/destruction stays bounded), and a
+  // namespace may not hold a namespace or a function (no reference cycles, and a call block's
+  // `caller` cannot outlive the block).
+  Value(List l);                                                                   // NOLINT
+  Value(Dict d);                                                                   // NOLINT
+  Value(std::shared_ptr<const Callable> c) : v_(std::move(c)), holds_ns_(true) {}  // NOLINT
+  Value(std::shared_ptr<Namespace> n) : v_(std::move(n)), holds_ns_(true) {}       // NOLINT
 
-  static Value FromJson(const nlohmann::ordered_json& j);
+  static constexpr int kMaxValueDepth = 256;
+  static Value FromJson(const nlohmann::ordered_json& j, int depth = 0);
+  // A Python tuple: a list that prints as (a, b).
+  static Value Tuple(List l) {
+    Value v(std::move(l));
+    v.tuple_ = true;
+    return v;
+  }
 
   Kind kind() const { return static_cast<Kind>(v_.index()); }
   bool is_undefined() const { return kind() == Kind::kUndefined; }
@@ -76,6 +87,8 @@ class Value {
   bool is_dict() const { return kind() == Kind::kDict; }
   bool is_callable() const { return kind() == Kind::kCall; }
   bool is_namespace() const { return kind() == Kind::kNs; }
+  bool holds_namespace() const { return holds_ns_; }
+  int nesting_depth() const { return depth_; }
 
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const { return std::get<int64_t>(v_); }
@@ -107,6 +120,9 @@ class Value {
                std::shared_ptr<const Dict>, std::shared_ptr<const Callable>,
                std::shared_ptr<Namespace>>
       v_;
+  bool tuple_ = false;
+  bool holds_ns_ = false;
+  uint16_t depth_ = 0;  // a list that is a Python tuple (prints as (a, b))
 };
 
 struct CallArgs {
@@ -130,5 +146,12 @@ std::string ToJson(const Value& v, const JsonDumpOptions& opts);
 // UTF-8 helpers: Python indexes strings by code point.
 std::vector<std::string_view> SplitCodePoints(std::string_view s);
 size_t CodePointCount(std::string_view s);
+// Byte length of the Python whitespace character (str.isspace(): ASCII whitespace, U+001C-001F,
+// U+0085, U+00A0, U+1680, U+2000-200A, U+2028/9, U+202F, U+205F, U+3000) starting at s[i] /
+// ending at s[end-1]; 0 if there is none.
+size_t WhitespaceAt(std::string_view s, size_t i);
+size_t WhitespaceBefore(std::string_view s, size_t end);
+// Python's str.strip/lstrip/rstrip: with `chars` null, Unicode whitespace; else those code points.
+std::string PyStrip(std::string_view s, const std::string* chars, bool left, bool right);
 
 }  // namespace meshnet::jinja
