@@ -92,6 +92,12 @@ inline constexpr const char* kUnknownId = "tokenizer.ggml.unknown_token_id";
 inline constexpr const char* kPaddingId = "tokenizer.ggml.padding_token_id";
 inline constexpr const char* kAddBos = "tokenizer.ggml.add_bos_token";
 inline constexpr const char* kAddEos = "tokenizer.ggml.add_eos_token";
+inline constexpr const char* kAddSpacePrefix = "tokenizer.ggml.add_space_prefix";
+inline constexpr const char* kMerges = "tokenizer.ggml.merges";
+inline constexpr const char* kPre = "tokenizer.ggml.pre";
+inline constexpr const char* kEotId = "tokenizer.ggml.eot_token_id";
+inline constexpr const char* kEomId = "tokenizer.ggml.eom_token_id";
+inline constexpr const char* kChatTemplate = "tokenizer.chat_template";
 }  // namespace gguf_keys
 
 }  // namespace meshnet

@@ -1,0 +1,203 @@
+// Byte-level BPE (llama.cpp's LLAMA_VOCAB_TYPE_BPE, tokenizer.ggml.model
+// "gpt2").
+//
+// Each pre-tokenized word is mapped to GPT-2's byte alphabet (every byte a
+// printable code point), split into its characters, and merged like the
+// SentencePiece path (model/tokenizer.cc): symbols are byte ranges of the
+// encoded word in a linked list, a heap holds candidate pairs by merge rank
+// (lowest first, then leftmost), and a popped pair is stale once its left
+// symbol has grown. A final symbol that is not a token falls back to the
+// tokens of its single bytes, as llama.cpp does.
+#include <algorithm>
+#include <queue>
+#include <string>
+#include <utility>
+
+#include "model/pretokenizer.h"
+#include "model/tokenizer.h"
+#include "util/error.h"
+
+namespace meshnet::model {
+
+namespace {
+
+[[noreturn]] void Malformed(const std::string& message) {
+  throw Error(ErrorKind::kMalformedFile, "tokenizer: " + message);
+}
+
+void AppendUtf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2's byte alphabet: printable Latin-1 bytes stand for themselves; the
+// other 68 bytes (controls, space, 0x7F-0xA0, 0xAD) map to U+0100.. in order.
+uint32_t ByteCodepoint(int b, int& next_extra) {
+  const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+  return printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + next_extra++);
+}
+
+size_t Utf8Len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+struct Symbol {
+  int prev;
+  int next;
+  size_t offset;  // into the encoded word
+  size_t len;     // 0 once merged into its left neighbour
+};
+
+struct Pair {
+  int32_t rank;
+  int left;
+  size_t len;
+};
+
+// Lowest rank first; among equal ranks the leftmost.
+struct PairOrder {
+  bool operator()(const Pair& a, const Pair& b) const {
+    if (a.rank != b.rank) return a.rank > b.rank;
+    return a.left > b.left;
+  }
+};
+
+}  // namespace
+
+// Buffers reused across the words of one call.
+struct Tokenizer::BpeScratch {
+  std::string encoded;
+  std::string key;
+  std::vector<Symbol> symbols;
+  std::vector<Pair> heap;
+  std::string sanitized;
+};
+
+void Tokenizer::InitBpe() {
+  pre_ = std::make_unique<PreTokenizer>(vocab_.pre);
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) AppendUtf8(ByteCodepoint(b, extra), byte_to_text_[b]);
+  extra = 0;
+  for (int b = 0; b < 256; ++b)
+    codepoint_to_byte_[ByteCodepoint(b, extra)] = static_cast<uint8_t>(b);
+  ranks_.reserve(vocab_.merges.size());
+  for (size_t i = 0; i < vocab_.merges.size(); ++i) {
+    const std::string& m = vocab_.merges[i];
+    // llama.cpp splits at the first space after the first byte.
+    const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+    if (space == std::string::npos || space + 1 >= m.size()) {
+      Malformed("merge " + std::to_string(i) + " '" + m + "' is not two symbols 'left right'");
+    }
+    if (i > static_cast<size_t>(INT32_MAX)) Malformed("too many merges");
+    ranks_.emplace(m, static_cast<int32_t>(i));  // duplicates keep the lowest rank
+  }
+}
+
+void Tokenizer::EncodeBpe(std::string_view text, std::vector<TokenId>& out) const {
+  BpeScratch scratch;
+  const std::string_view valid = SanitizeUtf8(text, scratch.sanitized);
+  pre_->ForEachWord(
+      valid, [&](size_t b, size_t e) { EncodeBpeWord(valid.substr(b, e - b), scratch, out); });
+}
+
+void Tokenizer::EncodeBpeWord(std::string_view word, BpeScratch& s,
+                              std::vector<TokenId>& out) const {
+  s.encoded.clear();
+  for (unsigned char c : word) s.encoded += byte_to_text_[c];
+  const std::string_view enc = s.encoded;
+  if (pre_->ignore_merges()) {
+    if (const TokenId id = Find(enc); id != kNoToken) {
+      out.push_back(id);
+      return;
+    }
+  }
+  s.symbols.clear();
+  for (size_t pos = 0; pos < enc.size();) {
+    const size_t len = std::min(Utf8Len(static_cast<unsigned char>(enc[pos])), enc.size() - pos);
+    const int index = static_cast<int>(s.symbols.size());
+    s.symbols.push_back({index - 1, index + 1, pos, len});
+    pos += len;
+  }
+  s.symbols.back().next = -1;
+  std::vector<Symbol>& sym = s.symbols;
+
+  s.heap.clear();
+  std::priority_queue<Pair, std::vector<Pair>, PairOrder> heap(PairOrder{}, std::move(s.heap));
+  auto try_add = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    s.key.assign(enc.substr(sym[left].offset, sym[left].len));
+    s.key += ' ';
+    s.key.append(enc.substr(sym[right].offset, sym[right].len));
+    const auto it = ranks_.find(std::string_view(s.key));
+    if (it == ranks_.end()) return;
+    heap.push({it->second, left, sym[left].len + sym[right].len});
+  };
+  for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
+
+  while (!heap.empty()) {
+    const Pair p = heap.top();
+    heap.pop();
+    Symbol& left = sym[p.left];
+    if (left.len == 0 || left.next < 0) continue;
+    Symbol& right = sym[left.next];
+    if (left.len + right.len != p.len) continue;  // stale
+    left.len += right.len;
+    right.len = 0;
+    left.next = right.next;
+    if (left.next >= 0) sym[left.next].prev = p.left;
+    try_add(left.prev, p.left);
+    try_add(p.left, left.next);
+  }
+
+  for (int i = 0; i >= 0; i = sym[i].next) {
+    const std::string_view piece = enc.substr(sym[i].offset, sym[i].len);
+    if (const TokenId id = Find(piece); id != kNoToken) {
+      out.push_back(id);
+      continue;
+    }
+    for (char c : piece) {  // llama.cpp: the tokens of the single bytes that have one
+      if (const TokenId id = Find(std::string_view(&c, 1)); id != kNoToken) out.push_back(id);
+    }
+  }
+}
+
+std::string Tokenizer::DecodeBpe(TokenId id, bool render_special) const {
+  const std::string& text = vocab_.tokens[id];
+  switch (vocab_.types[id]) {
+    case TokenType::kUserDefined:
+      return text;
+    case TokenType::kControl:
+    case TokenType::kUnknown:
+      return render_special ? text : "";
+    case TokenType::kUnused:
+    case TokenType::kUndefined:
+      return "";
+    case TokenType::kNormal:
+    case TokenType::kByte:
+      break;
+  }
+  std::string piece;
+  piece.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    const auto c = static_cast<unsigned char>(text[pos]);
+    const size_t len = std::min(Utf8Len(c), text.size() - pos);
+    uint32_t cp = len == 1 ? c : c & (0xFF >> (len + 1));
+    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (text[pos + k] & 0x3F);
+    const auto it = codepoint_to_byte_.find(cp);
+    if (it != codepoint_to_byte_.end()) {
+      piece += static_cast<char>(it->second);
+    } else {
+      piece.append(text, pos, len);  // not in the byte alphabet: as is
+    }
+    pos += len;
+  }
+  return piece;
+}
+
+}  // namespace meshnet::model
