@@ -44,6 +44,7 @@ struct GenerateFlags {
   std::string tls_key;
   double timeout_s = 30.0;
   bool no_bos = false;
+  bool special = false;
 };
 
 std::string DefaultModelPath() {
@@ -70,7 +71,8 @@ int RunGenerate(const GenerateFlags& f) {
   options.sampling.seed = f.seed;
   options.sampling.Validate();
   if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
-  const std::vector<int32_t> prompt_ids = tokenizer.Encode(f.prompt, !f.no_bos);
+  options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
+  const std::vector<int32_t> prompt_ids = tokenizer.Tokenize(f.prompt, !f.no_bos, f.special);
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt encodes to no tokens; give --prompt");
 
   std::unique_ptr<ThreadPool> pool;
@@ -169,7 +171,10 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
            ->capture_default_str();
        sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
-       sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
+       sub->add_flag("--no-bos", f->no_bos,
+                     "Add no BOS/EOS (default: as the model's add_bos/add_eos say)");
+       sub->add_flag("--special", f->special,
+                     "Parse control tokens (e.g. <|im_start|>) in the prompt");
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
