@@ -45,6 +45,7 @@ struct GenerateFlags {
   double timeout_s = 30.0;
   bool no_bos = false;
   bool special = false;
+  std::string dump_logits;
 };
 
 std::string DefaultModelPath() {
@@ -119,6 +120,21 @@ int RunGenerate(const GenerateFlags& f) {
       std::fflush(stdout);
     }
   };
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> logits_out(nullptr, &std::fclose);
+  if (!f.dump_logits.empty()) {
+    logits_out.reset(std::fopen(f.dump_logits.c_str(), "w"));
+    if (!logits_out) ThrowInvalidArgument("cannot write --dump-logits '" + f.dump_logits + "'");
+    events.on_logits = [&logits_out](std::span<const float> logits) {
+      std::string line = "[";
+      char buf[32];
+      for (size_t i = 0; i < logits.size(); ++i) {
+        std::snprintf(buf, sizeof(buf), i == 0 ? "%.9g" : ",%.9g", static_cast<double>(logits[i]));
+        line += buf;
+      }
+      line += "]\n";
+      std::fwrite(line.data(), 1, line.size(), logits_out.get());
+    };
+  }
   events.on_recovery = [](const std::string& what) {
     std::fprintf(stderr, "meshnet: %s\n", what.c_str());
   };
@@ -175,6 +191,8 @@ const CommandRegistrar kRegistrar(
                      "Add no BOS/EOS (default: as the model's add_bos/add_eos say)");
        sub->add_flag("--special", f->special,
                      "Parse control tokens (e.g. <|im_start|>) in the prompt");
+       sub->add_option("--dump-logits", f->dump_logits,
+                       "Write each step's logits to this file, one JSON array per line");
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
