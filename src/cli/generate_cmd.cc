@@ -111,12 +111,15 @@ int RunGenerate(const GenerateFlags& f) {
   std::string text;
   int32_t prev = prompt_ids.back();
   mesh::GenerateEvents events;
+  // Byte-level pieces may end inside a UTF-8 character: stream whole characters.
+  model::Utf8Assembler assembler;
   events.on_token = [&](int32_t id) {
     const std::string piece = tokenizer.DecodePiece(prev, id);
     prev = id;
     text += piece;
     if (!json) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      const std::string whole = assembler.Push(piece);
+      std::fwrite(whole.data(), 1, whole.size(), stdout);
       std::fflush(stdout);
     }
   };
@@ -151,6 +154,8 @@ int RunGenerate(const GenerateFlags& f) {
     out["text"] = text;
     std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   } else {
+    const std::string rest = assembler.Flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
   }
   return 0;
