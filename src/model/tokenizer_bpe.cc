@@ -9,7 +9,7 @@
 // symbol has grown. A final symbol that is not a token falls back to the
 // tokens of its single bytes, as llama.cpp does.
 #include <algorithm>
-#include <queue>
+#include <unordered_map>
 #include <string>
 #include <utility>
 
@@ -70,13 +70,21 @@ struct PairOrder {
 
 }  // namespace
 
-// Buffers reused across the words of one call.
+// Buffers reused across the words of one call, and a memo of the words seen
+// in this call (BPE of a word is a pure function of its text; natural text
+// repeats words, so most words skip the merge loop). The memo is bounded:
+// short words only, and it is cleared when it reaches kMaxCachedWords.
 struct Tokenizer::BpeScratch {
+  static constexpr size_t kMaxCachedWords = 1 << 15;
+  static constexpr size_t kMaxCachedWordBytes = 32;
   std::string encoded;
   std::string key;
   std::vector<Symbol> symbols;
   std::vector<Pair> heap;
   std::string sanitized;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>>
+      cache;                        // word -> (offset, count) in cached_ids
+  std::vector<TokenId> cached_ids;  // the cached words' tokens
 };
 
 void Tokenizer::InitBpe() {
@@ -127,8 +135,8 @@ void Tokenizer::EncodeBpeWord(std::string_view word, BpeScratch& s,
   s.symbols.back().next = -1;
   std::vector<Symbol>& sym = s.symbols;
 
-  s.heap.clear();
-  std::priority_queue<Pair, std::vector<Pair>, PairOrder> heap(PairOrder{}, std::move(s.heap));
+  std::vector<Pair>& heap = s.heap;  // a binary heap under PairOrder, reused across words
+  heap.clear();
   auto try_add = [&](int left, int right) {
     if (left < 0 || right < 0) return;
     s.key.assign(enc.substr(sym[left].offset, sym[left].len));
@@ -136,13 +144,15 @@ void Tokenizer::EncodeBpeWord(std::string_view word, BpeScratch& s,
     s.key.append(enc.substr(sym[right].offset, sym[right].len));
     const auto it = ranks_.find(std::string_view(s.key));
     if (it == ranks_.end()) return;
-    heap.push({it->second, left, sym[left].len + sym[right].len});
+    heap.push_back({it->second, left, sym[left].len + sym[right].len});
+    std::push_heap(heap.begin(), heap.end(), PairOrder{});
   };
   for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
 
   while (!heap.empty()) {
-    const Pair p = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), PairOrder{});
+    const Pair p = heap.back();
+    heap.pop_back();
     Symbol& left = sym[p.left];
     if (left.len == 0 || left.next < 0) continue;
     Symbol& right = sym[left.next];
