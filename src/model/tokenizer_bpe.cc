@@ -9,8 +9,8 @@
 // symbol has grown. A final symbol that is not a token falls back to the
 // tokens of its single bytes, as llama.cpp does.
 #include <algorithm>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "model/pretokenizer.h"
@@ -110,8 +110,28 @@ void Tokenizer::InitBpe() {
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<TokenId>& out) const {
   BpeScratch scratch;
   const std::string_view valid = SanitizeUtf8(text, scratch.sanitized);
-  pre_->ForEachWord(
-      valid, [&](size_t b, size_t e) { EncodeBpeWord(valid.substr(b, e - b), scratch, out); });
+  pre_->ForEachWord(valid, [&](size_t b, size_t e) {
+    const std::string_view word = valid.substr(b, e - b);
+    if (word.size() > BpeScratch::kMaxCachedWordBytes) {
+      EncodeBpeWord(word, scratch, out);
+      return;
+    }
+    if (const auto it = scratch.cache.find(word); it != scratch.cache.end()) {
+      const auto [offset, count] = it->second;
+      out.insert(out.end(), scratch.cached_ids.begin() + offset,
+                 scratch.cached_ids.begin() + offset + count);
+      return;
+    }
+    const size_t first = out.size();
+    EncodeBpeWord(word, scratch, out);
+    if (scratch.cache.size() >= BpeScratch::kMaxCachedWords) {
+      scratch.cache.clear();
+      scratch.cached_ids.clear();
+    }
+    scratch.cache.emplace(word, std::pair{static_cast<uint32_t>(scratch.cached_ids.size()),
+                                          static_cast<uint32_t>(out.size() - first)});
+    scratch.cached_ids.insert(scratch.cached_ids.end(), out.begin() + first, out.end());
+  });
 }
 
 void Tokenizer::EncodeBpeWord(std::string_view word, BpeScratch& s,
