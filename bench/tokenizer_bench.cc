@@ -8,7 +8,10 @@
 // llama.cpp's test vocabularies (tests/data/tokenizers): SentencePiece
 // (llama-spm) and byte-level BPE (gpt-2, starcoder, deepseek-llm). bytes_per_second
 // is the encode throughput; counter `vs_spm` = SentencePiece time / this
-// vocabulary's time on the same text, measured in the same run.
+// vocabulary's time on the same text, measured in the same run. The English
+// and mixed texts repeat a few paragraphs (so BPE's per-call word memo hits
+// almost always); *_novel_words is 1 MB of distinct pseudo-random words, BPE's
+// worst case. Times are thread CPU time (the machine is shared).
 #include <benchmark/benchmark.h>
 #include <time.h>
 
@@ -159,6 +162,27 @@ double CpuSeconds() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
+// 1 MB of pseudo-random lowercase words: almost no word repeats, so the BPE
+// word memo never helps (the worst case for natural-language text).
+const std::string& NovelWords() {
+  static const std::string text = [] {
+    std::string t;
+    uint64_t state = 1;
+    auto next = [&state] {
+      return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33;
+    };
+    while (t.size() < (1u << 20)) {
+      t += ' ';
+      for (int i = 0, n = 3 + static_cast<int>(next() % 7); i < n; ++i) {
+        t += "etaoinshrdlucmfwypvbgkq"[next() % 23];
+      }
+    }
+    t.resize(1u << 20);
+    return t;
+  }();
+  return text;
+}
+
 double SecondsPerEncode(const Tokenizer& tok, const std::string& text) {
   const double t0 = CpuSeconds();
   auto ids = tok.Tokenize(text, false, false);
@@ -166,9 +190,13 @@ double SecondsPerEncode(const Tokenizer& tok, const std::string& text) {
   return CpuSeconds() - t0;
 }
 
-void BM_Tokenize(benchmark::State& state, const char* vocab, bool mixed) {
+enum Corpus { kEnglish, kMixed, kNovel };
+
+void BM_Tokenize(benchmark::State& state, const char* vocab, Corpus corpus) {
   const Tokenizer& tok = Vocab(vocab);
-  const std::string& text = mixed ? Mixed() : English();
+  const std::string& text = corpus == kMixed   ? Mixed()
+                            : corpus == kNovel ? NovelWords()
+                                               : English();
   size_t n_tokens = 0;
   double total_s = 0;
   int64_t iters = 0;
@@ -185,16 +213,18 @@ void BM_Tokenize(benchmark::State& state, const char* vocab, bool mixed) {
   state.counters["MB_per_cpu_s"] = static_cast<double>(text.size()) * iters / total_s / 1e6;
   state.counters["vs_spm"] = SecondsPerEncode(Vocab("llama-spm"), text) / (total_s / iters);
 }
-BENCHMARK_CAPTURE(BM_Tokenize, spm_english, "llama-spm", false)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, gpt2_english, "gpt-2", false)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, starcoder_english, "starcoder", false)
+BENCHMARK_CAPTURE(BM_Tokenize, spm_english, "llama-spm", kEnglish)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, gpt2_english, "gpt-2", kEnglish)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, starcoder_english, "starcoder", kEnglish)
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, deepseek_llm_english, "deepseek-llm", false)
+BENCHMARK_CAPTURE(BM_Tokenize, deepseek_llm_english, "deepseek-llm", kEnglish)
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, spm_mixed, "llama-spm", true)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, gpt2_mixed, "gpt-2", true)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, starcoder_mixed, "starcoder", true)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Tokenize, deepseek_llm_mixed, "deepseek-llm", true)
+BENCHMARK_CAPTURE(BM_Tokenize, spm_novel_words, "llama-spm", kNovel)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, gpt2_novel_words, "gpt-2", kNovel)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, spm_mixed, "llama-spm", kMixed)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, gpt2_mixed, "gpt-2", kMixed)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, starcoder_mixed, "starcoder", kMixed)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Tokenize, deepseek_llm_mixed, "deepseek-llm", kMixed)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
