@@ -54,6 +54,28 @@ std::string DefaultModelPath() {
   return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
 }
 
+using LogitsFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+// --dump-logits: each step's logits as one JSON array per line. The returned
+// file must outlive the generation (events.on_logits writes to it).
+LogitsFile DumpLogitsTo(const std::string& path, mesh::GenerateEvents& events) {
+  LogitsFile out(nullptr, &std::fclose);
+  if (path.empty()) return out;
+  out.reset(std::fopen(path.c_str(), "w"));
+  if (!out) ThrowInvalidArgument("cannot write --dump-logits '" + path + "'");
+  events.on_logits = [file = out.get()](std::span<const float> logits) {
+    std::string line = "[";
+    char buf[32];
+    for (size_t i = 0; i < logits.size(); ++i) {
+      std::snprintf(buf, sizeof(buf), i == 0 ? "%.9g" : ",%.9g", static_cast<double>(logits[i]));
+      line += buf;
+    }
+    line += "]\n";
+    std::fwrite(line.data(), 1, line.size(), file);
+  };
+  return out;
+}
+
 int RunGenerate(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
@@ -123,21 +145,7 @@ int RunGenerate(const GenerateFlags& f) {
       std::fflush(stdout);
     }
   };
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> logits_out(nullptr, &std::fclose);
-  if (!f.dump_logits.empty()) {
-    logits_out.reset(std::fopen(f.dump_logits.c_str(), "w"));
-    if (!logits_out) ThrowInvalidArgument("cannot write --dump-logits '" + f.dump_logits + "'");
-    events.on_logits = [&logits_out](std::span<const float> logits) {
-      std::string line = "[";
-      char buf[32];
-      for (size_t i = 0; i < logits.size(); ++i) {
-        std::snprintf(buf, sizeof(buf), i == 0 ? "%.9g" : ",%.9g", static_cast<double>(logits[i]));
-        line += buf;
-      }
-      line += "]\n";
-      std::fwrite(line.data(), 1, line.size(), logits_out.get());
-    };
-  }
+  const LogitsFile logits_out = DumpLogitsTo(f.dump_logits, events);
   events.on_recovery = [](const std::string& what) {
     std::fprintf(stderr, "meshnet: %s\n", what.c_str());
   };

@@ -150,19 +150,10 @@ void ValidateMakeModelOptions(const MakeModelOptions& o) {
   }
 }
 
-MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer, GgufWriter* w) {
-  ValidateMakeModelOptions(o);
-  const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
-  const auto tokens = tokenizer.GetStringArray(gguf_keys::kTokens);
-  if (!tokens || tokens->empty()) {
-    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " + gguf_keys::kTokens +
-                         " array");
-  }
-  MakeModelSummary summary;
-  summary.vocab_size = static_cast<int64_t>(tokens->size());
+// general.* and the architecture's hyper-parameter keys.
+void WriteHParams(const MakeModelOptions& o, const CertifiedArchitecture& arch, int64_t vocab_size,
+                  GgufWriter* w) {
   const int64_t head_dim = o.n_embd / o.n_heads;
-  const int64_t n_embd_kv = head_dim * o.n_kv_heads;
-
   w->SetString(gguf_keys::kArchitecture, arch.gguf_arch);
   w->SetString(gguf_keys::kName, o.name);
   w->SetU32(gguf_keys::kFileType, FileType(o.type));
@@ -178,7 +169,23 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
   w->SetF32(arch.Key(ArchKey::kRmsEpsilon), o.rms_eps);
   w->SetF32(arch.Key(ArchKey::kRopeFreqBase), o.rope_base);
   w->SetU32(arch.Key(ArchKey::kRopeDimensionCount), static_cast<uint32_t>(head_dim));
-  w->SetU32(arch.Key(ArchKey::kVocabSize), static_cast<uint32_t>(summary.vocab_size));
+  w->SetU32(arch.Key(ArchKey::kVocabSize), static_cast<uint32_t>(vocab_size));
+}
+
+MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer, GgufWriter* w) {
+  ValidateMakeModelOptions(o);
+  const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
+  const auto tokens = tokenizer.GetStringArray(gguf_keys::kTokens);
+  if (!tokens || tokens->empty()) {
+    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " + gguf_keys::kTokens +
+                         " array");
+  }
+  MakeModelSummary summary;
+  summary.vocab_size = static_cast<int64_t>(tokens->size());
+  const int64_t head_dim = o.n_embd / o.n_heads;
+  const int64_t n_embd_kv = head_dim * o.n_kv_heads;
+
+  WriteHParams(o, arch, summary.vocab_size, w);
   for (const MetadataEntry& e : tokenizer.metadata()) {
     if (e.key.starts_with("tokenizer.")) w->Set(e.key, WriterValue::From(e.value));
   }

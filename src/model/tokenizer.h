@@ -97,8 +97,8 @@ struct Vocabulary {
 class Tokenizer {
  public:
   // Validates the vocabulary (non-empty, sizes agree, special ids in range,
-  // known token types, kBpe: a supported pre and well-formed merges whose parts
-  // and result are tokens). Throws Error(kMalformedFile) naming the problem.
+  // known token types, kBpe: a supported pre and well-formed merges "left
+  // right"). Throws Error(kMalformedFile) naming the problem.
   explicit Tokenizer(Vocabulary vocab);
   ~Tokenizer();
 
@@ -119,8 +119,9 @@ class Tokenizer {
   // or (kSpm) a character has neither a token, a byte fallback nor <unk>.
   std::vector<TokenId> Tokenize(std::string_view text, bool add_special, bool parse_special) const;
 
-  // Text only, no special parsing; BOS first when add_bos (whatever add_bos()
-  // says). Empty text encodes to just BOS (or nothing).
+  // No control-token parsing (user-defined tokens still match), no EOS; BOS
+  // first when add_bos (whatever add_bos() says). Empty text encodes to just
+  // BOS (or nothing).
   std::vector<TokenId> Encode(std::string_view text, bool add_bos) const;
 
   // The text of `ids`. Throws Error(kInvalidArgument) on an id out of range.
