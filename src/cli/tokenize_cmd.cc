@@ -61,18 +61,30 @@ int RunTokenize(const TokenizeFlags& f) {
   const auto file = gguf::GgufFile::Open(f.model, gguf::GgufFile::Access::kSequential);
   const model::Tokenizer tok = model::Tokenizer::FromGguf(file);
   const std::vector<model::TokenId> ids = tok.Tokenize(input, !f.no_bos, f.special);
+  // --verbose: each token's decoded piece (in context, so the pieces
+  // concatenate to the decoded text; control tokens shown) and vocab text.
+  std::vector<std::string> pieces;
+  if (f.verbose) {
+    model::TokenId prev = model::kNoToken;
+    for (model::TokenId id : ids) {
+      pieces.push_back(tok.DecodePiece(prev, id, /*render_special=*/true));
+      prev = id;
+    }
+  }
   if (f.output == "json") {
     nlohmann::ordered_json out;
     out["ids"] = ids;
     if (f.verbose) {
-      std::vector<std::string> pieces;
-      pieces.reserve(ids.size());
-      for (model::TokenId id : ids) pieces.push_back(tok.TokenText(id));
       out["pieces"] = pieces;
+      std::vector<std::string> texts;
+      for (model::TokenId id : ids) texts.push_back(tok.TokenText(id));
+      out["tokens"] = texts;
     }
     std::cout << Dump(out) << "\n";
   } else if (f.verbose) {
-    for (model::TokenId id : ids) std::cout << id << "\t" << tok.TokenText(id) << "\n";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::cout << ids[i] << "\t'" << pieces[i] << "'\t" << tok.TokenText(ids[i]) << "\n";
+    }
   } else {
     std::string line;
     for (model::TokenId id : ids) line += (line.empty() ? "" : " ") + std::to_string(id);
@@ -139,7 +151,9 @@ void SetupTokenize(CLI::App* sub, int* exit_code) {
                 "always matched");
   sub->add_option("--output", f->output, "text (ids on one line) or json ({\"ids\":[...]})")
       ->capture_default_str();
-  sub->add_flag("--verbose,-v", f->verbose, "Also print each token's vocabulary text");
+  sub->add_flag("--verbose,-v", f->verbose,
+                "Also print each token's decoded piece and vocabulary text (json: \"pieces\", "
+                "\"tokens\")");
   sub->footer("Exit status: 0 on success, 2 for a bad flag value or a malformed GGUF.");
   sub->callback([f, exit_code] { *exit_code = RunTokenize(*f); });
 }
