@@ -176,6 +176,8 @@ class Tokenizer {
   // Byte-level BPE of one text piece / one pre-tokenized word.
   void EncodeBpe(std::string_view text, std::vector<TokenId>& out) const;
   void EncodeBpeWord(std::string_view word, BpeScratch& s, std::vector<TokenId>& out) const;
+  // Merges s.symbols (characters of the encoded word `enc`) by merge rank.
+  void MergeBpe(std::string_view enc, BpeScratch& s) const;
   std::string DecodeBpe(TokenId id, bool render_special) const;
 
   Vocabulary vocab_;
@@ -186,6 +188,9 @@ class Tokenizer {
   std::vector<TokenId> eog_ids_;  // sorted
   // kBpe: "left right" -> rank; GPT-2 byte alphabet both ways.
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ranks_;
+  // (left id, right id) -> (rank, merged token id or kNoToken).
+  std::unordered_map<uint64_t, std::pair<int32_t, TokenId>> pair_ranks_;
+  TokenId byte_token_[256];  // the token of each byte's one-character text
   std::string byte_to_text_[256];
   std::unordered_map<uint32_t, uint8_t> codepoint_to_byte_;
   std::unique_ptr<PreTokenizer> pre_;

@@ -52,13 +52,19 @@ struct Symbol {
   int next;
   size_t offset;  // into the encoded word
   size_t len;     // 0 once merged into its left neighbour
+  TokenId id;     // the token whose text the symbol is, or kNoToken
 };
 
 struct Pair {
   int32_t rank;
   int left;
   size_t len;
+  TokenId result;  // the merged symbol's token (kNoToken: look it up)
 };
+
+uint64_t PairKey(TokenId a, TokenId b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 // Lowest rank first; among equal ranks the leftmost.
 struct PairOrder {
@@ -104,7 +110,16 @@ void Tokenizer::InitBpe() {
     }
     if (i > static_cast<size_t>(INT32_MAX)) Malformed("too many merges");
     ranks_.emplace(m, static_cast<int32_t>(i));  // duplicates keep the lowest rank
+    // The same merge by token ids, when both sides are tokens (always, in
+    // real vocabularies): the hot path looks pairs up without hashing text.
+    const TokenId a = Find(std::string_view(m).substr(0, space));
+    const TokenId b = Find(std::string_view(m).substr(space + 1));
+    if (a != kNoToken && b != kNoToken) {
+      const std::string joined = m.substr(0, space) + m.substr(space + 1);
+      pair_ranks_.emplace(PairKey(a, b), std::pair{static_cast<int32_t>(i), Find(joined)});
+    }
   }
+  for (int b = 0; b < 256; ++b) byte_token_[b] = Find(byte_to_text_[b]);
 }
 
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<TokenId>& out) const {
@@ -145,26 +160,50 @@ void Tokenizer::EncodeBpeWord(std::string_view word, BpeScratch& s,
       return;
     }
   }
+  // One symbol per byte of the word (each byte is one character of the
+  // encoded word), with its single-character token.
   s.symbols.clear();
-  for (size_t pos = 0; pos < enc.size();) {
-    const size_t len = std::min(Utf8Len(static_cast<unsigned char>(enc[pos])), enc.size() - pos);
+  size_t pos = 0;
+  for (unsigned char c : word) {
     const int index = static_cast<int>(s.symbols.size());
-    s.symbols.push_back({index - 1, index + 1, pos, len});
+    const size_t len = byte_to_text_[c].size();
+    s.symbols.push_back({index - 1, index + 1, pos, len, byte_token_[c]});
     pos += len;
   }
   s.symbols.back().next = -1;
-  std::vector<Symbol>& sym = s.symbols;
+  MergeBpe(enc, s);
+  const std::vector<Symbol>& sym = s.symbols;
+  for (int i = 0; i >= 0; i = sym[i].next) {
+    if (sym[i].id != kNoToken) {
+      out.push_back(sym[i].id);
+      continue;
+    }
+    const std::string_view piece = enc.substr(sym[i].offset, sym[i].len);
+    for (char c : piece) {  // llama.cpp: the tokens of the single bytes that have one
+      if (const TokenId id = Find(std::string_view(&c, 1)); id != kNoToken) out.push_back(id);
+    }
+  }
+}
 
+void Tokenizer::MergeBpe(std::string_view enc, BpeScratch& s) const {
+  std::vector<Symbol>& sym = s.symbols;
   std::vector<Pair>& heap = s.heap;  // a binary heap under PairOrder, reused across words
   heap.clear();
   auto try_add = [&](int left, int right) {
     if (left < 0 || right < 0) return;
-    s.key.assign(enc.substr(sym[left].offset, sym[left].len));
-    s.key += ' ';
-    s.key.append(enc.substr(sym[right].offset, sym[right].len));
-    const auto it = ranks_.find(std::string_view(s.key));
-    if (it == ranks_.end()) return;
-    heap.push_back({it->second, left, sym[left].len + sym[right].len});
+    const size_t len = sym[left].len + sym[right].len;
+    if (sym[left].id != kNoToken && sym[right].id != kNoToken) {
+      const auto it = pair_ranks_.find(PairKey(sym[left].id, sym[right].id));
+      if (it == pair_ranks_.end()) return;
+      heap.push_back({it->second.first, left, len, it->second.second});
+    } else {  // a side that is not a token: the merge table by text
+      s.key.assign(enc.substr(sym[left].offset, sym[left].len));
+      s.key += ' ';
+      s.key.append(enc.substr(sym[right].offset, sym[right].len));
+      const auto it = ranks_.find(std::string_view(s.key));
+      if (it == ranks_.end()) return;
+      heap.push_back({it->second, left, len, Find(enc.substr(sym[left].offset, len))});
+    }
     std::push_heap(heap.begin(), heap.end(), PairOrder{});
   };
   for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
@@ -178,22 +217,12 @@ void Tokenizer::EncodeBpeWord(std::string_view word, BpeScratch& s,
     Symbol& right = sym[left.next];
     if (left.len + right.len != p.len) continue;  // stale
     left.len += right.len;
+    left.id = p.result;
     right.len = 0;
     left.next = right.next;
     if (left.next >= 0) sym[left.next].prev = p.left;
     try_add(left.prev, p.left);
     try_add(p.left, left.next);
-  }
-
-  for (int i = 0; i >= 0; i = sym[i].next) {
-    const std::string_view piece = enc.substr(sym[i].offset, sym[i].len);
-    if (const TokenId id = Find(piece); id != kNoToken) {
-      out.push_back(id);
-      continue;
-    }
-    for (char c : piece) {  // llama.cpp: the tokens of the single bytes that have one
-      if (const TokenId id = Find(std::string_view(&c, 1)); id != kNoToken) out.push_back(id);
-    }
   }
 }
 
