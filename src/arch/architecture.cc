@@ -68,6 +68,10 @@ std::string CertifiedArchitecture::LayerTensorName(int layer, LayerTensor t) {
   return "blk." + std::to_string(layer) + "." + LayerTensorStem(t) + ".weight";
 }
 
+std::string CertifiedArchitecture::LayerBiasName(int layer, LayerTensor t) {
+  return "blk." + std::to_string(layer) + "." + LayerTensorStem(t) + ".bias";
+}
+
 const std::vector<CertifiedArchitecture>& CertifiedArchitectures() {
   static const std::vector<CertifiedArchitecture> kTable = {
       {"llama", {"LlamaForCausalLM"}, "llama", kBoundarySchemaVersion, "residual", true, true},
@@ -78,6 +82,17 @@ const std::vector<CertifiedArchitecture>& CertifiedArchitectures() {
        "residual",
        true,
        true},
+      // Qwen2 / Qwen2.5 (and DeepSeek-R1 Qwen distills): Llama blocks with
+      // Q/K/V biases and NeoX RoPE; output tied or untied.
+      {"qwen2",
+       {"Qwen2ForCausalLM"},
+       "qwen2",
+       kBoundarySchemaVersion,
+       "residual",
+       true,
+       true,
+       RopeStyle::kNeox,
+       /*qkv_bias=*/true},
   };
   return kTable;
 }

@@ -47,6 +47,13 @@ enum class ArchKey {
   kVocabSize,
 };
 
+// How RoPE pairs the rotated dimensions (llama.cpp's LLAMA_ROPE_TYPE_NORM /
+// LLAMA_ROPE_TYPE_NEOX, fixed per architecture).
+enum class RopeStyle {
+  kNormal,  // adjacent pairs (x[2i], x[2i+1]): llama, mistral
+  kNeox,    // halves (x[i], x[i + n_rot/2]): qwen2
+};
+
 struct CertifiedArchitecture {
   std::string adapter;               // canonical name, e.g. "llama"
   std::vector<std::string> aliases;  // e.g. "LlamaForCausalLM"
@@ -55,14 +62,23 @@ struct CertifiedArchitecture {
   std::string boundary_tensor_name;  // "residual"
   bool prunes_rows_at_tail;
   bool normalizes_before_head;
+  RopeStyle rope_style = RopeStyle::kNormal;
+  // Q/K/V projections carry biases (blk.N.attn_{q,k,v}.bias): required when
+  // true; when false they are loaded if present (llama.cpp treats them as
+  // optional for llama).
+  bool qkv_bias = false;
 
   // "<gguf_arch>.<key>", e.g. "llama.attention.head_count_kv".
   std::string Key(ArchKey key) const;
   // "blk.<layer>.attn_q.weight" etc.
   static std::string LayerTensorName(int layer, LayerTensor t);
+  // "blk.<layer>.attn_q.bias" etc.
+  static std::string LayerBiasName(int layer, LayerTensor t);
   static constexpr const char* kTokenEmbedding = "token_embd.weight";
   static constexpr const char* kOutputNorm = "output_norm.weight";
   static constexpr const char* kOutput = "output.weight";  // absent when tied to token_embd
+  // Llama 3 RoPE frequency factors, (n_rot / 2) F32; optional.
+  static constexpr const char* kRopeFreqs = "rope_freqs.weight";
 };
 
 // Resolves an adapter name or alias. Throws Error(kBoundaryContract) naming the
@@ -92,6 +108,12 @@ inline constexpr const char* kUnknownId = "tokenizer.ggml.unknown_token_id";
 inline constexpr const char* kPaddingId = "tokenizer.ggml.padding_token_id";
 inline constexpr const char* kAddBos = "tokenizer.ggml.add_bos_token";
 inline constexpr const char* kAddEos = "tokenizer.ggml.add_eos_token";
+inline constexpr const char* kAddSpacePrefix = "tokenizer.ggml.add_space_prefix";
+inline constexpr const char* kMerges = "tokenizer.ggml.merges";
+inline constexpr const char* kPre = "tokenizer.ggml.pre";
+inline constexpr const char* kEotId = "tokenizer.ggml.eot_token_id";
+inline constexpr const char* kEomId = "tokenizer.ggml.eom_token_id";
+inline constexpr const char* kChatTemplate = "tokenizer.chat_template";
 }  // namespace gguf_keys
 
 }  // namespace meshnet

@@ -24,6 +24,24 @@ TEST(Architecture, FieldsOfLlama) {
   EXPECT_EQ(CertifiedArchitecture::LayerTensorName(3, LayerTensor::kAttnQ), "blk.3.attn_q.weight");
 }
 
+TEST(Architecture, FieldsOfQwen2) {
+  const auto& a = CertifiedArchitectureFor("Qwen2ForCausalLM");
+  EXPECT_EQ(&a, &CertifiedArchitectureFor("qwen2"));
+  EXPECT_NE(&a, &CertifiedArchitectureFor("llama"));
+  EXPECT_EQ(a.adapter, "qwen2");
+  EXPECT_EQ(a.gguf_arch, "qwen2");
+  EXPECT_EQ(a.boundary_schema_version, 1);
+  EXPECT_EQ(a.boundary_tensor_name, "residual");
+  EXPECT_TRUE(a.prunes_rows_at_tail);
+  EXPECT_TRUE(a.normalizes_before_head);
+  EXPECT_EQ(a.rope_style, RopeStyle::kNeox);
+  EXPECT_TRUE(a.qkv_bias);
+  EXPECT_EQ(CertifiedArchitectureFor("llama").rope_style, RopeStyle::kNormal);
+  EXPECT_FALSE(CertifiedArchitectureFor("llama").qkv_bias);
+  EXPECT_EQ(a.Key(ArchKey::kRopeFreqBase), "qwen2.rope.freq_base");
+  EXPECT_EQ(CertifiedArchitecture::LayerBiasName(2, LayerTensor::kAttnK), "blk.2.attn_k.bias");
+}
+
 TEST(Architecture, UnknownFailsClosed) {
   for (const char* bad : {"gpt2", "", "Llama", "llama "}) {
     try {

@@ -44,12 +44,36 @@ struct GenerateFlags {
   std::string tls_key;
   double timeout_s = 30.0;
   bool no_bos = false;
+  bool special = false;
+  std::string dump_logits;
 };
 
 std::string DefaultModelPath() {
   const std::filesystem::path local = "models/stories260K.gguf";
   if (std::filesystem::exists(local)) return local.string();
   return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
+}
+
+using LogitsFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+// --dump-logits: each step's logits as one JSON array per line. The returned
+// file must outlive the generation (events.on_logits writes to it).
+LogitsFile DumpLogitsTo(const std::string& path, mesh::GenerateEvents& events) {
+  LogitsFile out(nullptr, &std::fclose);
+  if (path.empty()) return out;
+  out.reset(std::fopen(path.c_str(), "w"));
+  if (!out) ThrowInvalidArgument("cannot write --dump-logits '" + path + "'");
+  events.on_logits = [file = out.get()](std::span<const float> logits) {
+    std::string line = "[";
+    char buf[32];
+    for (size_t i = 0; i < logits.size(); ++i) {
+      std::snprintf(buf, sizeof(buf), i == 0 ? "%.9g" : ",%.9g", static_cast<double>(logits[i]));
+      line += buf;
+    }
+    line += "]\n";
+    std::fwrite(line.data(), 1, line.size(), file);
+  };
+  return out;
 }
 
 int RunGenerate(const GenerateFlags& f) {
@@ -70,7 +94,8 @@ int RunGenerate(const GenerateFlags& f) {
   options.sampling.seed = f.seed;
   options.sampling.Validate();
   if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
-  const std::vector<int32_t> prompt_ids = tokenizer.Encode(f.prompt, !f.no_bos);
+  options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
+  const std::vector<int32_t> prompt_ids = tokenizer.Tokenize(f.prompt, !f.no_bos, f.special);
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt encodes to no tokens; give --prompt");
 
   std::unique_ptr<ThreadPool> pool;
@@ -108,15 +133,19 @@ int RunGenerate(const GenerateFlags& f) {
   std::string text;
   int32_t prev = prompt_ids.back();
   mesh::GenerateEvents events;
+  // Byte-level pieces may end inside a UTF-8 character: stream whole characters.
+  model::Utf8Assembler assembler;
   events.on_token = [&](int32_t id) {
     const std::string piece = tokenizer.DecodePiece(prev, id);
     prev = id;
     text += piece;
     if (!json) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      const std::string whole = assembler.Push(piece);
+      std::fwrite(whole.data(), 1, whole.size(), stdout);
       std::fflush(stdout);
     }
   };
+  const LogitsFile logits_out = DumpLogitsTo(f.dump_logits, events);
   events.on_recovery = [](const std::string& what) {
     std::fprintf(stderr, "meshnet: %s\n", what.c_str());
   };
@@ -133,6 +162,8 @@ int RunGenerate(const GenerateFlags& f) {
     out["text"] = text;
     std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   } else {
+    const std::string rest = assembler.Flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
   }
   return 0;
@@ -169,7 +200,12 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
            ->capture_default_str();
        sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
-       sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
+       sub->add_flag("--no-bos", f->no_bos,
+                     "Add no BOS/EOS (default: as the model's add_bos/add_eos say)");
+       sub->add_flag("--special", f->special,
+                     "Parse control tokens (e.g. <|im_start|>) in the prompt");
+       sub->add_option("--dump-logits", f->dump_logits,
+                       "Write each step's logits to this file, one JSON array per line");
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");

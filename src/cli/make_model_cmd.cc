@@ -33,8 +33,10 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
   auto flags = std::make_shared<Flags>();
   gguf::MakeModelOptions& o = flags->o;
   sub->add_option("--out", flags->out, "Output GGUF path")->required();
-  sub->add_option("--tokenizer-from", flags->tokenizer_from,
-                  "GGUF whose tokenizer.* keys are copied (e.g. models/stories260K.gguf)")
+  sub->add_option(
+         "--tokenizer-from", flags->tokenizer_from,
+         "GGUF whose tokenizer.* keys are copied (SentencePiece or byte-level BPE: tokens, "
+         "merges, pre, ...; e.g. models/stories260K.gguf)")
       ->required();
   sub->add_option("--n-embd", o.n_embd, "Embedding length")->capture_default_str();
   sub->add_option("--n-layers", o.n_layers, "Number of blocks")->capture_default_str();
@@ -49,8 +51,14 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
   sub->add_option("--context", o.context, "Context length")->capture_default_str();
   sub->add_option("--rope-base", o.rope_base, "RoPE frequency base")->capture_default_str();
   sub->add_option("--rms-eps", o.rms_eps, "RMSNorm epsilon")->capture_default_str();
-  sub->add_option("--arch", o.architecture, "Architecture (certified name)")->capture_default_str();
+  sub->add_option("--arch", o.architecture,
+                  "Architecture (certified name: llama, mistral, qwen2; qwen2 adds Q/K/V biases)")
+      ->capture_default_str();
   sub->add_option("--name", o.name, "general.name")->capture_default_str();
+  sub->add_flag("--rope-freqs", o.rope_freqs,
+                "Add rope_freqs.weight with Llama 3.1's RoPE frequency factors");
+  sub->add_flag("--tie-output", o.tie_output,
+                "Write no output.weight (the LM head is tied to token_embd)");
   sub->footer(
       "Weights are N(0, 1/fan_in) (residual projections scaled by 1/sqrt(2*n_layers)), norms "
       "are ones.\nExit status: 0 on success, 2 for bad flags or an unreadable tokenizer file.");

@@ -96,6 +96,27 @@ void CheckBlock(const char* flag, int64_t v, GgmlType t, const char* type_flag) 
 
 }  // namespace
 
+std::vector<float> Llama3RopeFactors(int64_t n_rot, float base) {
+  constexpr double kFactor = 8, kLowFreqFactor = 1, kHighFreqFactor = 4, kOldContext = 8192;
+  const double low_freq_wavelen = kOldContext / kLowFreqFactor;
+  const double high_freq_wavelen = kOldContext / kHighFreqFactor;
+  std::vector<float> factors;
+  for (int64_t i = 0; i < n_rot / 2; ++i) {
+    const double freq = std::pow(static_cast<double>(base), -2.0 * i / static_cast<double>(n_rot));
+    const double wavelen = 2 * M_PI / freq;
+    double f = 1;
+    if (wavelen > low_freq_wavelen) {
+      f = kFactor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth =
+          (kOldContext / wavelen - kLowFreqFactor) / (kHighFreqFactor - kLowFreqFactor);
+      f = 1 / ((1 - smooth) / kFactor + smooth);
+    }
+    factors.push_back(static_cast<float>(f));
+  }
+  return factors;
+}
+
 void ValidateMakeModelOptions(const MakeModelOptions& o) {
   if (!FindCertifiedArchitecture(o.architecture)) {
     (void)CertifiedArchitectureFor(o.architecture);  // throws, naming the certified set
@@ -129,19 +150,10 @@ void ValidateMakeModelOptions(const MakeModelOptions& o) {
   }
 }
 
-MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer, GgufWriter* w) {
-  ValidateMakeModelOptions(o);
-  const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
-  const auto tokens = tokenizer.GetStringArray(gguf_keys::kTokens);
-  if (!tokens || tokens->empty()) {
-    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " + gguf_keys::kTokens +
-                         " array");
-  }
-  MakeModelSummary summary;
-  summary.vocab_size = static_cast<int64_t>(tokens->size());
+// general.* and the architecture's hyper-parameter keys.
+void WriteHParams(const MakeModelOptions& o, const CertifiedArchitecture& arch, int64_t vocab_size,
+                  GgufWriter* w) {
   const int64_t head_dim = o.n_embd / o.n_heads;
-  const int64_t n_embd_kv = head_dim * o.n_kv_heads;
-
   w->SetString(gguf_keys::kArchitecture, arch.gguf_arch);
   w->SetString(gguf_keys::kName, o.name);
   w->SetU32(gguf_keys::kFileType, FileType(o.type));
@@ -157,7 +169,23 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
   w->SetF32(arch.Key(ArchKey::kRmsEpsilon), o.rms_eps);
   w->SetF32(arch.Key(ArchKey::kRopeFreqBase), o.rope_base);
   w->SetU32(arch.Key(ArchKey::kRopeDimensionCount), static_cast<uint32_t>(head_dim));
-  w->SetU32(arch.Key(ArchKey::kVocabSize), static_cast<uint32_t>(summary.vocab_size));
+  w->SetU32(arch.Key(ArchKey::kVocabSize), static_cast<uint32_t>(vocab_size));
+}
+
+MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer, GgufWriter* w) {
+  ValidateMakeModelOptions(o);
+  const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
+  const auto tokens = tokenizer.GetStringArray(gguf_keys::kTokens);
+  if (!tokens || tokens->empty()) {
+    ThrowInvalidArgument("--tokenizer-from " + tokenizer.name() + " has no " + gguf_keys::kTokens +
+                         " array");
+  }
+  MakeModelSummary summary;
+  summary.vocab_size = static_cast<int64_t>(tokens->size());
+  const int64_t head_dim = o.n_embd / o.n_heads;
+  const int64_t n_embd_kv = head_dim * o.n_kv_heads;
+
+  WriteHParams(o, arch, summary.vocab_size, w);
   for (const MetadataEntry& e : tokenizer.metadata()) {
     if (e.key.starts_with("tokenizer.")) w->Set(e.key, WriterValue::From(e.value));
   }
@@ -189,6 +217,20 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
     summary.n_params += o.n_embd;
     ++summary.n_tensors;
   };
+  auto add_vector = [&](const std::string& name, std::vector<float> values) {
+    const int64_t dims[] = {static_cast<int64_t>(values.size())};
+    summary.n_params += dims[0];
+    ++summary.n_tensors;
+    w->AddTensor(name, GgmlType::kF32, dims, [values = std::move(values)](std::span<uint8_t> dst) {
+      std::memcpy(dst.data(), values.data(), values.size() * sizeof(float));
+    });
+  };
+  auto random_vector = [&](const std::string& name, int64_t n) {
+    NormalRng rng(TensorSeed(seed, name));
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = rng.Next() * 0.5f;
+    return v;
+  };
 
   const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(o.n_layers));
   add_matrix(CertifiedArchitecture::kTokenEmbedding, o.embedding_type.value_or(o.type), o.n_embd,
@@ -199,6 +241,14 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
     add_matrix(name(LayerTensor::kAttnQ), o.type, o.n_embd, o.n_embd, 1.0);
     add_matrix(name(LayerTensor::kAttnK), o.type, o.n_embd, n_embd_kv, 1.0);
     add_matrix(name(LayerTensor::kAttnV), o.type, o.n_embd, n_embd_kv, 1.0);
+    if (arch.qkv_bias) {
+      for (auto [t, n] :
+           {std::pair{LayerTensor::kAttnQ, o.n_embd}, std::pair{LayerTensor::kAttnK, n_embd_kv},
+            std::pair{LayerTensor::kAttnV, n_embd_kv}}) {
+        const std::string bias = CertifiedArchitecture::LayerBiasName(layer, t);
+        add_vector(bias, random_vector(bias, n));
+      }
+    }
     add_matrix(name(LayerTensor::kAttnOutput), o.type, o.n_embd, o.n_embd, residual_scale);
     add_norm(name(LayerTensor::kFfnNorm));
     add_matrix(name(LayerTensor::kFfnGate), o.type, o.n_embd, o.n_ff, 1.0);
@@ -206,7 +256,12 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
     add_matrix(name(LayerTensor::kFfnDown), o.type, o.n_ff, o.n_embd, residual_scale);
   }
   add_norm(CertifiedArchitecture::kOutputNorm);
-  add_matrix(CertifiedArchitecture::kOutput, o.type, o.n_embd, summary.vocab_size, 1.0);
+  if (!o.tie_output) {
+    add_matrix(CertifiedArchitecture::kOutput, o.type, o.n_embd, summary.vocab_size, 1.0);
+  }
+  if (o.rope_freqs) {
+    add_vector(CertifiedArchitecture::kRopeFreqs, Llama3RopeFactors(head_dim, o.rope_base));
+  }
   return summary;
 }
 

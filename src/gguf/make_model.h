@@ -4,6 +4,8 @@
 // the architecture registry (arch/architecture.h), with every tokenizer.* key
 // copied from the tokenizer file.
 //
+// Architectures with Q/K/V biases (qwen2) get bias vectors N(0, 0.5^2).
+//
 // Weights: the 2-D matrices (attention, FFN, output and - unless
 // embedding_type says otherwise - token_embd) are normal with std
 // 1/sqrt(fan_in) (ne0), the residual projections (attn_output, ffn_down)
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gguf/gguf_reader.h"
 #include "gguf/gguf_writer.h"
@@ -39,7 +42,15 @@ struct MakeModelOptions {
   int64_t context = 512;
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
+  // rope_freqs.weight with Llama 3.1's factors (factor 8, low/high frequency
+  // factors 1/4, original context 8192), as convert_hf_to_gguf computes them.
+  bool rope_freqs = false;
+  bool tie_output = false;  // no output.weight: the LM head is token_embd
 };
+
+// Llama 3.1's RoPE frequency factors for `n_rot` rotated dims and `base`
+// (n_rot / 2 values, each in [1, 8]).
+std::vector<float> Llama3RopeFactors(int64_t n_rot, float base);
 
 struct MakeModelSummary {
   int64_t vocab_size = 0;

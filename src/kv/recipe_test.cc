@@ -107,6 +107,16 @@ TEST(RecipeTest, AliasSharesFingerprintAndEveryFieldMatters) {
   }
 }
 
+TEST(RecipeTest, Qwen2AliasSharesFingerprintButNotLlamas) {
+  KvCacheRecipe qwen = MiniRecipe(), alias = MiniRecipe();
+  qwen.architecture_adapter = "qwen2";
+  alias.architecture_adapter = "Qwen2ForCausalLM";
+  EXPECT_EQ(alias.Fingerprint(), qwen.Fingerprint());
+  EXPECT_TRUE(alias.IsCompatible(qwen));
+  EXPECT_NE(qwen.Fingerprint(), MiniRecipe().Fingerprint());
+  EXPECT_FALSE(qwen.IsCompatible(MiniRecipe()));
+}
+
 TEST(CacheMissTest, ReasonNames) {
   EXPECT_EQ(CacheMissReasonName(CacheMissReason::kUnknownSession), "unknown-session");
   EXPECT_EQ(CacheMissReasonName(CacheMissReason::kEvictedTtl), "evicted-ttl");

@@ -178,6 +178,10 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
     const int32_t token = *step.token;
     if (events.on_logits) events.on_logits(step.logits);
     if (options.eos_id && token == *options.eos_id) break;
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
+        options.stop_ids.end()) {
+      break;
+    }
     history.push_back(token);
     result.generated_ids.push_back(token);
     if (events.on_token) events.on_token(token);

@@ -59,6 +59,7 @@ struct GenerateOptions {
   int max_tokens = 64;
   shard::SamplingContract sampling;
   std::optional<int32_t> eos_id;  // stop when sampled (not emitted)
+  std::vector<int32_t> stop_ids;  // also stop on any of these (the tokenizer's EOG ids)
   int max_recoveries = 8;         // re-prefills + failovers per Generate call
   double backoff_initial_s = 0.02;
   double backoff_max_s = 1.0;

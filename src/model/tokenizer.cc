@@ -18,6 +18,7 @@
 
 #include "arch/architecture.h"
 #include "gguf/gguf_reader.h"
+#include "model/pretokenizer.h"
 #include "util/error.h"
 
 namespace meshnet::model {
@@ -103,13 +104,14 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   const size_t n = vocab_.tokens.size();
   if (n == 0) Malformed("the vocabulary is empty");
   if (n > static_cast<size_t>(INT32_MAX)) Malformed("the vocabulary is too large");
+  if (vocab_.kind == TokenizerKind::kBpe && vocab_.scores.empty()) vocab_.scores.assign(n, 0.0f);
   if (vocab_.scores.size() != n) {
     Malformed("has " + std::to_string(vocab_.scores.size()) + " scores for " + std::to_string(n) +
               " tokens");
   }
   if (vocab_.types.empty()) {
     vocab_.types.resize(n, TokenType::kNormal);
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; vocab_.kind == TokenizerKind::kSpm && i < n; ++i) {
       if (ParseByteToken(vocab_.tokens[i]) >= 0) vocab_.types[i] = TokenType::kByte;
     }
   }
@@ -117,7 +119,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     Malformed("has " + std::to_string(vocab_.types.size()) + " token types for " +
               std::to_string(n) + " tokens");
   }
-  for (TokenId id : {vocab_.bos_id, vocab_.eos_id, vocab_.unk_id}) {
+  for (TokenId id : {vocab_.bos_id, vocab_.eos_id, vocab_.unk_id, vocab_.eot_id, vocab_.eom_id}) {
     if (id != kNoToken && (id < 0 || static_cast<size_t>(id) >= n)) {
       Malformed("special token id " + std::to_string(id) + " is outside the vocabulary of " +
                 std::to_string(n));
@@ -131,7 +133,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     if (type < 0 || type > static_cast<int>(TokenType::kByte)) {
       Malformed("token " + std::to_string(i) + " has unknown type " + std::to_string(type));
     }
-    if (vocab_.types[i] == TokenType::kByte) {
+    if (vocab_.types[i] == TokenType::kByte && vocab_.kind == TokenizerKind::kSpm) {
       const int value = ParseByteToken(vocab_.tokens[i]);
       if (value < 0) {
         Malformed("byte token " + std::to_string(i) + " is '" + vocab_.tokens[i] + "', not <0xXX>");
@@ -141,8 +143,11 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     // Duplicates keep their first id.
     ids_.emplace(vocab_.tokens[i], id);
   }
+  InitSpecial();
+  if (vocab_.kind == TokenizerKind::kBpe) InitBpe();
 }
 
+Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
@@ -197,15 +202,9 @@ void Tokenizer::EmitSymbol(std::string_view symbol, std::vector<TokenId>& out) c
   out.push_back(vocab_.unk_id);
 }
 
-std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool add_bos) const {
-  std::vector<TokenId> out;
-  if (add_bos) {
-    if (vocab_.bos_id == kNoToken) ThrowInvalidArgument("tokenizer: the vocabulary has no BOS");
-    out.push_back(vocab_.bos_id);
-  }
-  if (text.empty()) return out;
-
-  std::string prepared(kSpaceMarker);
+void Tokenizer::EncodeSpm(std::string_view text, bool prefix, std::vector<TokenId>& out) const {
+  if (text.empty()) return;
+  std::string prepared(prefix ? kSpaceMarker : "");
   prepared.reserve(text.size() * 2 + kSpaceMarker.size());
   for (char c : text) {
     if (c == ' ') {
@@ -254,16 +253,17 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool add_bos) cons
   for (int i = 0; i >= 0; i = symbols[i].next) {
     EmitSymbol(s.substr(symbols[i].offset, symbols[i].len), out);
   }
-  return out;
 }
 
-std::string Tokenizer::DecodePiece(TokenId prev_id, TokenId id) const {
+std::string Tokenizer::DecodePiece(TokenId prev_id, TokenId id, bool render_special) const {
   CheckId(id);
+  if (vocab_.kind == TokenizerKind::kBpe) return DecodeBpe(id, render_special);
   const std::string& text = vocab_.tokens[id];
   switch (vocab_.types[id]) {
     case TokenType::kByte:
       return std::string(1, static_cast<char>(ParseByteToken(text)));
     case TokenType::kControl:
+      return render_special ? text : "";
     case TokenType::kUnused:
       return "";
     case TokenType::kUnknown:
@@ -288,50 +288,14 @@ std::string Tokenizer::DecodePiece(TokenId prev_id, TokenId id) const {
   return piece;
 }
 
-std::string Tokenizer::Decode(std::span<const TokenId> ids) const {
+std::string Tokenizer::Decode(std::span<const TokenId> ids, bool render_special) const {
   std::string out;
   TokenId prev = kNoToken;
   for (TokenId id : ids) {
-    out += DecodePiece(prev, id);
+    out += DecodePiece(prev, id, render_special);
     prev = id;
   }
   return out;
-}
-
-Tokenizer Tokenizer::FromGguf(const gguf::GgufFile& file) {
-  const std::string_view model = file.RequireString(gguf_keys::kTokenizerModel);
-  if (model != "llama") {
-    throw Error(ErrorKind::kMalformedFile,
-                file.name() + ": " + gguf_keys::kTokenizerModel + " '" + std::string(model) +
-                    "' is not supported (only 'llama', SentencePiece BPE)");
-  }
-  Vocabulary vocab;
-  const auto tokens = file.RequireStringArray(gguf_keys::kTokens);
-  vocab.tokens.assign(tokens.begin(), tokens.end());
-  vocab.scores = file.RequireF32Array(gguf_keys::kScores);
-  if (auto types = file.GetI32Array(gguf_keys::kTokenType)) {
-    vocab.types.reserve(types->size());
-    for (int32_t t : *types) vocab.types.push_back(static_cast<TokenType>(t));
-  }
-  // Special ids: absent, or stored as UINT32_MAX / -1, mean "none".
-  auto special = [&file](const char* key) -> TokenId {
-    const std::optional<int64_t> v = file.GetI64(key);
-    if (!v || *v == -1 || *v == 0xFFFFFFFFll) return kNoToken;
-    if (*v < 0 || *v > INT32_MAX) {
-      throw Error(ErrorKind::kMalformedFile,
-                  file.name() + ": " + key + " = " + std::to_string(*v) + " is not a token id");
-    }
-    return static_cast<TokenId>(*v);
-  };
-  vocab.bos_id = special(gguf_keys::kBosId);
-  vocab.eos_id = special(gguf_keys::kEosId);
-  vocab.unk_id = special(gguf_keys::kUnknownId);
-  vocab.add_bos = file.GetBool(gguf_keys::kAddBos, true);
-  try {
-    return Tokenizer(std::move(vocab));
-  } catch (const Error& e) {
-    throw Error(e.kind(), file.name() + ": " + e.what());
-  }
 }
 
 std::string Utf8Assembler::Push(std::string_view bytes) {

@@ -1,7 +1,27 @@
-// SentencePiece-style BPE tokenizer (llama.cpp's "llama"/SPM tokenizer model)
-// built from a GGUF vocabulary.
+// The tokenizer of a GGUF model: llama.cpp's two BPE kinds.
 //
-// Encode: the text gets the add_space_prefix treatment (a leading space, then
+//  - SentencePiece BPE (tokenizer.ggml.model = "llama", kSpm), described here.
+//  - Byte-level BPE (tokenizer.ggml.model = "gpt2", kBpe): the text is split
+//    into words by the regexes of tokenizer.ggml.pre (model/pretokenizer.h),
+//    each word's bytes are mapped to GPT-2's printable byte alphabet, and
+//    adjacent symbols merge by the rank of the pair in tokenizer.ggml.merges
+//    (lowest rank first, ties leftmost). Invalid UTF-8 is first replaced as
+//    llama.cpp does (SanitizeUtf8). Decoding maps the byte alphabet back to raw
+//    bytes (which may split a UTF-8 character: stream through Utf8Assembler).
+//
+// Special tokens (both kinds, llama.cpp's tokenizer_st_partition): before
+// BPE, the text is cut at every occurrence of a user-defined token (always) and
+// of control and unknown tokens (only with parse_special), longest token text
+// first; the pieces between are encoded as text. So plain user text that spells
+// "<|im_start|>" never becomes the control token.
+//
+// Public API for callers (CLI, API server):
+//   Tokenize(text, add_special, parse_special) -> ids  (llama_tokenize)
+//   DecodePiece(prev, id) per generated id, through a Utf8Assembler; Decode(ids)
+//   bos_id() / eos_id() / eot_id() / eom_id(), IsEog(id): stop generation
+//   chat_template(): tokenizer.chat_template from the GGUF ("" when absent)
+//
+// SentencePiece encode: the text gets the add_space_prefix treatment (a leading space, then
 // every ' ' becomes "▁" U+2581), is split into UTF-8 characters, and the
 // adjacent pair whose concatenation is a mergeable vocab token with the highest
 // score is merged until no pair merges (ties: the leftmost pair). A priority
@@ -10,7 +30,7 @@
 // Only normal and user-defined tokens take part in merges, so text that spells
 // "<s>" or "<0x41>" never turns into a control or byte token.
 //
-// Decode: "▁" renders as a space, byte tokens as their raw byte, control and
+// SentencePiece decode: "▁" renders as a space, byte tokens as their raw byte, control and
 // unused tokens as nothing; the leading space of the first piece of a
 // sequence, or of the piece right after BOS, is dropped (it is the space
 // prefix Encode added). Pieces may split a UTF-8 character across byte tokens:
@@ -21,6 +41,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,6 +54,8 @@ class GgufFile;
 }
 
 namespace meshnet::model {
+
+class PreTokenizer;
 
 using TokenId = int32_t;
 inline constexpr TokenId kNoToken = -1;
@@ -47,8 +71,11 @@ enum class TokenType : int32_t {
   kByte = 6,
 };
 
+enum class TokenizerKind { kSpm, kBpe };
+
 // The raw vocabulary. `types` may be empty (every token is then normal, except
-// that "<0xXX>" names are byte tokens). Special ids are kNoToken when absent.
+// that "<0xXX>" names are byte tokens in kSpm). `scores` may be empty for kBpe.
+// Special ids are kNoToken when absent.
 struct Vocabulary {
   std::vector<std::string> tokens;
   std::vector<float> scores;
@@ -57,16 +84,27 @@ struct Vocabulary {
   TokenId eos_id = kNoToken;
   TokenId unk_id = kNoToken;
   bool add_bos = true;  // tokenizer.ggml.add_bos_token (SentencePiece default: true)
+  TokenizerKind kind = TokenizerKind::kSpm;
+  std::vector<std::string> merges = {};  // kBpe: "left right"; the index is the rank
+  std::string pre = "default";           // kBpe: tokenizer.ggml.pre
+  TokenId eot_id = kNoToken;     // end of turn (<|eot_id|>, <|im_end|>); found by text when absent
+  TokenId eom_id = kNoToken;     // end of message (<|eom_id|>)
+  bool add_eos = false;          // tokenizer.ggml.add_eos_token
+  bool add_space_prefix = true;  // kSpm: tokenizer.ggml.add_space_prefix
+  std::string chat_template = {};  // tokenizer.chat_template
 };
 
 class Tokenizer {
  public:
-  // Validates the vocabulary (non-empty, sizes agree, special ids in range).
-  // Throws Error(kMalformedFile) naming the problem.
+  // Validates the vocabulary (non-empty, sizes agree, special ids in range,
+  // known token types, kBpe: a supported pre and well-formed merges "left
+  // right"). Throws Error(kMalformedFile) naming the problem.
   explicit Tokenizer(Vocabulary vocab);
+  ~Tokenizer();
 
-  // Reads tokenizer.ggml.* through the architecture registry's key names.
-  // Refuses a tokenizer model other than "llama" (kMalformedFile).
+  // Reads tokenizer.ggml.* and tokenizer.chat_template through the
+  // architecture registry's key names. Refuses a tokenizer model other than
+  // "llama" and "gpt2", and any malformed field (kMalformedFile).
   static Tokenizer FromGguf(const gguf::GgufFile& file);
 
   Tokenizer(Tokenizer&&) noexcept;
@@ -74,23 +112,41 @@ class Tokenizer {
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // Empty text encodes to just BOS (or nothing). Throws Error(kInvalidArgument)
-  // when add_bos is set and the vocabulary has no BOS, or when a character has
-  // neither a token, a byte fallback nor an unknown token.
+  // llama.cpp's llama_tokenize: BOS first when add_special and add_bos(), EOS
+  // last when add_special and add_eos(); control tokens matched in the text
+  // only when parse_special. Memory: O(text + output). Throws
+  // Error(kInvalidArgument) when a required BOS/EOS is missing from the vocab,
+  // or (kSpm) a character has neither a token, a byte fallback nor <unk>.
+  std::vector<TokenId> Tokenize(std::string_view text, bool add_special, bool parse_special) const;
+
+  // No control-token parsing (user-defined tokens still match), no EOS; BOS
+  // first when add_bos (whatever add_bos() says). Empty text encodes to just
+  // BOS (or nothing).
   std::vector<TokenId> Encode(std::string_view text, bool add_bos) const;
 
   // The text of `ids`. Throws Error(kInvalidArgument) on an id out of range.
-  std::string Decode(std::span<const TokenId> ids) const;
+  std::string Decode(std::span<const TokenId> ids, bool render_special = false) const;
   // The bytes `id` contributes when it follows `prev_id` (kNoToken at the start
   // of a sequence). Concatenating DecodePiece over a sequence equals Decode.
-  std::string DecodePiece(TokenId prev_id, TokenId id) const;
+  // Control tokens render as nothing unless render_special (then their text).
+  std::string DecodePiece(TokenId prev_id, TokenId id, bool render_special = false) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(vocab_.tokens.size()); }
   TokenId bos_id() const { return vocab_.bos_id; }
   TokenId eos_id() const { return vocab_.eos_id; }
   TokenId unk_id() const { return vocab_.unk_id; }
-  // Whether prompts of this model start with BOS by default.
+  TokenId eot_id() const { return vocab_.eot_id; }
+  TokenId eom_id() const { return vocab_.eom_id; }
+  // End of generation: eos, eot, eom and the end-of-turn tokens llama.cpp
+  // recognizes by text (<|eot_id|>, <|im_end|>, <|endoftext|>, ...).
+  bool IsEog(TokenId id) const;
+  const std::vector<TokenId>& eog_ids() const { return eog_ids_; }
+  // Whether prompts of this model start with BOS / end with EOS by default.
   bool add_bos() const { return vocab_.add_bos; }
+  bool add_eos() const { return vocab_.add_eos; }
+  TokenizerKind kind() const { return vocab_.kind; }
+  const std::string& pre() const { return vocab_.pre; }
+  const std::string& chat_template() const { return vocab_.chat_template; }
   // The raw vocab string of `id` (with "▁"); throws on an id out of range.
   const std::string& TokenText(TokenId id) const;
   TokenType Type(TokenId id) const;
@@ -103,14 +159,41 @@ class Tokenizer {
     using is_transparent = void;
     size_t operator()(std::string_view s) const noexcept;
   };
+  struct BpeScratch;
   bool Mergeable(TokenId id) const;
   void CheckId(TokenId id) const;
+  void InitSpecial();
+  void InitBpe();
+  // Cuts `text` at special tokens; calls on_text(begin, end) for each text
+  // piece and on_token(id) for each special token, in order.
+  void Partition(std::string_view text, bool parse_special,
+                 const std::function<void(size_t, size_t)>& on_text,
+                 const std::function<void(TokenId)>& on_token) const;
+  // SentencePiece BPE of one text piece (with the space prefix if `prefix`).
+  void EncodeSpm(std::string_view text, bool prefix, std::vector<TokenId>& out) const;
   // Appends the tokens of one final symbol (a vocab token or byte fallback).
   void EmitSymbol(std::string_view symbol, std::vector<TokenId>& out) const;
+  // Byte-level BPE of one text piece / one pre-tokenized word.
+  void EncodeBpe(std::string_view text, std::vector<TokenId>& out) const;
+  void EncodeBpeWord(std::string_view word, BpeScratch& s, std::vector<TokenId>& out) const;
+  // Merges s.symbols (characters of the encoded word `enc`) by merge rank.
+  void MergeBpe(std::string_view enc, BpeScratch& s) const;
+  std::string DecodeBpe(TokenId id, bool render_special) const;
 
   Vocabulary vocab_;
   std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> ids_;
   TokenId byte_ids_[256];  // kNoToken where the vocab lacks <0xXX>
+  // Special tokens (control, user-defined, unknown), longest text first.
+  std::vector<TokenId> special_ids_;
+  std::vector<TokenId> eog_ids_;  // sorted
+  // kBpe: "left right" -> rank; GPT-2 byte alphabet both ways.
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ranks_;
+  // (left id, right id) -> (rank, merged token id or kNoToken).
+  std::unordered_map<uint64_t, std::pair<int32_t, TokenId>> pair_ranks_;
+  TokenId byte_token_[256];  // the token of each byte's one-character text
+  std::string byte_to_text_[256];
+  std::unordered_map<uint32_t, uint8_t> codepoint_to_byte_;
+  std::unique_ptr<PreTokenizer> pre_;
 };
 
 // Re-assembles a stream of raw pieces into whole UTF-8 characters: Push returns

@@ -45,6 +45,12 @@ class Loader {
     return static_cast<const float*>(t.data);
   }
 
+  // Norm() when `required` or when the tensor exists; nullptr otherwise.
+  const float* OptionalVector(const std::string& name, int64_t n, bool required) {
+    if (!required && file_.FindTensor(name) == nullptr) return nullptr;
+    return Norm(name, n);
+  }
+
   // A matrix with GGUF shape [ne0, ne1] of any supported type. `meaning`
   // spells the expected shape in hparams terms for the error message.
   MatrixView Matrix(const std::string& name, int64_t ne0, int64_t ne1, const char* meaning) {
@@ -74,6 +80,33 @@ class Loader {
   uint64_t& owned_bytes_;
 };
 
+LayerWeights LoadLayer(Loader& load, const LlamaHParams& hp, int l) {
+  auto name = [l](LayerTensor t) { return CertifiedArchitecture::LayerTensorName(l, t); };
+  auto bias = [l](LayerTensor t) { return CertifiedArchitecture::LayerBiasName(l, t); };
+  const int64_t n_embd = hp.n_embd;
+  const int64_t q_dim = hp.q_dim();
+  const int64_t kv_dim = hp.kv_dim();
+  const int64_t n_ff = hp.n_ff;
+  LayerWeights lw;
+  lw.layer = l;
+  lw.attn_norm = load.Norm(name(LayerTensor::kAttnNorm), n_embd);
+  lw.wq = load.Matrix(name(LayerTensor::kAttnQ), n_embd, q_dim, "ne0 = n_embd, ne1 = n_embd");
+  lw.wk = load.Matrix(name(LayerTensor::kAttnK), n_embd, kv_dim,
+                      "ne0 = n_embd, ne1 = n_kv_heads * head_dim");
+  lw.wv = load.Matrix(name(LayerTensor::kAttnV), n_embd, kv_dim,
+                      "ne0 = n_embd, ne1 = n_kv_heads * head_dim");
+  const bool need_bias = hp.arch->qkv_bias;
+  lw.bq = load.OptionalVector(bias(LayerTensor::kAttnQ), q_dim, need_bias);
+  lw.bk = load.OptionalVector(bias(LayerTensor::kAttnK), kv_dim, need_bias);
+  lw.bv = load.OptionalVector(bias(LayerTensor::kAttnV), kv_dim, need_bias);
+  lw.wo = load.Matrix(name(LayerTensor::kAttnOutput), q_dim, n_embd, "ne0 = n_embd, ne1 = n_embd");
+  lw.ffn_norm = load.Norm(name(LayerTensor::kFfnNorm), n_embd);
+  lw.w_gate = load.Matrix(name(LayerTensor::kFfnGate), n_embd, n_ff, "ne0 = n_embd, ne1 = n_ff");
+  lw.w_up = load.Matrix(name(LayerTensor::kFfnUp), n_embd, n_ff, "ne0 = n_embd, ne1 = n_ff");
+  lw.w_down = load.Matrix(name(LayerTensor::kFfnDown), n_ff, n_embd, "ne0 = n_ff, ne1 = n_embd");
+  return lw;
+}
+
 }  // namespace
 
 LlamaWeights LlamaWeights::Load(const gguf::GgufFile& file, const LlamaHParams& hp, int start_layer,
@@ -95,27 +128,9 @@ LlamaWeights LlamaWeights::Load(const gguf::GgufFile& file, const LlamaHParams& 
                                 "ne0 = n_embd, ne1 = vocab_size");
   }
   w.layers_.reserve(static_cast<size_t>(end_layer - start_layer + 1));
-  for (int l = start_layer; l <= end_layer; ++l) {
-    auto name = [l](LayerTensor t) { return CertifiedArchitecture::LayerTensorName(l, t); };
-    const int64_t q_dim = hp.q_dim();
-    const int64_t kv_dim = hp.kv_dim();
-    const int64_t n_ff = hp.n_ff;
-    LayerWeights lw;
-    lw.layer = l;
-    lw.attn_norm = load.Norm(name(LayerTensor::kAttnNorm), n_embd);
-    lw.wq = load.Matrix(name(LayerTensor::kAttnQ), n_embd, q_dim, "ne0 = n_embd, ne1 = n_embd");
-    lw.wk = load.Matrix(name(LayerTensor::kAttnK), n_embd, kv_dim,
-                        "ne0 = n_embd, ne1 = n_kv_heads * head_dim");
-    lw.wv = load.Matrix(name(LayerTensor::kAttnV), n_embd, kv_dim,
-                        "ne0 = n_embd, ne1 = n_kv_heads * head_dim");
-    lw.wo =
-        load.Matrix(name(LayerTensor::kAttnOutput), q_dim, n_embd, "ne0 = n_embd, ne1 = n_embd");
-    lw.ffn_norm = load.Norm(name(LayerTensor::kFfnNorm), n_embd);
-    lw.w_gate = load.Matrix(name(LayerTensor::kFfnGate), n_embd, n_ff, "ne0 = n_embd, ne1 = n_ff");
-    lw.w_up = load.Matrix(name(LayerTensor::kFfnUp), n_embd, n_ff, "ne0 = n_embd, ne1 = n_ff");
-    lw.w_down = load.Matrix(name(LayerTensor::kFfnDown), n_ff, n_embd, "ne0 = n_ff, ne1 = n_embd");
-    w.layers_.push_back(lw);
-  }
+  for (int l = start_layer; l <= end_layer; ++l) w.layers_.push_back(LoadLayer(load, hp, l));
+  // Llama 3 RoPE factors: every shard rotates its own layers' Q and K.
+  w.rope_freqs_ = load.OptionalVector(CertifiedArchitecture::kRopeFreqs, hp.n_rot / 2, false);
   if (w.is_tail_) {
     w.output_norm_ = load.Norm(CertifiedArchitecture::kOutputNorm, n_embd);
     if (file.FindTensor(CertifiedArchitecture::kOutput) != nullptr) {

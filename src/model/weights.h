@@ -5,7 +5,9 @@
 //  - Load() looks up only the owned tensors by their registry names: the token
 //    embedding for the head (start_layer == 0), the final norm and the LM head
 //    for the tail (end_layer == n_layers - 1; a missing output.weight is tied
-//    to token_embd.weight), and the nine per-layer tensors of each owned layer.
+//    to token_embd.weight), the nine per-layer tensors of each owned layer,
+//    the Q/K/V biases (required when the architecture says qkv_bias, else
+//    loaded when present) and rope_freqs.weight when present.
 //    It checks each one's type (norms F32) and shape against the hparams and
 //    throws Error(kMalformedFile) naming the tensor, the expected and the actual
 //    shape, or Error(kInvalidArgument) for a bad layer range.
@@ -53,6 +55,9 @@ struct LayerWeights {
   MatrixView wq;                     // (n_embd, n_embd): rows = q_dim, cols = n_embd
   MatrixView wk;                     // (kv_dim, n_embd)
   MatrixView wv;                     // (kv_dim, n_embd)
+  const float* bq = nullptr;         // (q_dim) Q bias, or nullptr (qwen2: required)
+  const float* bk = nullptr;         // (kv_dim)
+  const float* bv = nullptr;         // (kv_dim)
   MatrixView wo;                     // (n_embd, q_dim)
   const float* ffn_norm = nullptr;   // (n_embd)
   MatrixView w_gate;                 // (n_ff, n_embd)
@@ -78,6 +83,8 @@ class LlamaWeights {
   const float* output_norm() const { return output_norm_; }
   const MatrixView& output() const { return output_; }
   bool output_tied() const { return output_tied_; }  // output aliases token_embd.weight
+  // Llama 3 RoPE frequency factors (n_rot / 2), or nullptr when the file has none.
+  const float* rope_freqs() const { return rope_freqs_; }
 
   // Layer `layer` (absolute index in [start_layer, end_layer]); throws
   // Error(kInvalidArgument) otherwise.
@@ -101,6 +108,7 @@ class LlamaWeights {
   bool output_tied_ = false;
   MatrixView token_embd_;
   const float* output_norm_ = nullptr;
+  const float* rope_freqs_ = nullptr;
   MatrixView output_;
   std::vector<LayerWeights> layers_;
   std::vector<const gguf::TensorInfo*> owned_;

@@ -24,7 +24,11 @@ void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfi
   for (int i = 0; i < half; ++i) {
     inv_freq[i] = static_cast<double>(cfg.freq_scale) *
                   std::pow(static_cast<double>(cfg.freq_base), -2.0 * i / cfg.rope_dims);
+    if (cfg.freq_factors != nullptr) inv_freq[i] /= static_cast<double>(cfg.freq_factors[i]);
   }
+  // Element offsets of pair i's two members.
+  const int stride = cfg.neox ? 1 : 2;
+  const int second = cfg.neox ? half : 1;
   float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto pos = static_cast<double>(start_pos + t);
@@ -36,9 +40,10 @@ void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfi
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * static_cast<int64_t>(head_dim);
       for (int i = 0; i < half; ++i) {
-        const float x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = x0 * cs[i] - x1 * sn[i];
-        v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        float* a = v + stride * i;
+        const float x0 = a[0], x1 = a[second];
+        a[0] = x0 * cs[i] - x1 * sn[i];
+        a[second] = x0 * sn[i] + x1 * cs[i];
       }
     }
   }

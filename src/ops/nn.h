@@ -26,12 +26,18 @@ void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
 
 struct RopeConfig {
   int rope_dims = 0;          // leading dims of each head that rotate (<= head_dim, even)
-  float freq_base = 10000.f;  // theta_i = pos * freq_scale * freq_base^(-2i/rope_dims)
+  float freq_base = 10000.f;  // theta_i = pos * freq_scale * freq_base^(-2i/rope_dims) / f_i
   float freq_scale = 1.0f;    // linear position scaling (1 = none)
+  // NeoX rotation (Qwen2, GPT-NeoX): pairs (x[i], x[i + rope_dims/2]) instead
+  // of adjacent (x[2i], x[2i+1]) (Llama's "normal" GGUF layout).
+  bool neox = false;
+  // Llama 3 frequency factors f_i (rope_freqs.weight, rope_dims/2 values) that
+  // divide each angle; nullptr = all 1.
+  const float* freq_factors = nullptr;
 };
-// Llama GGUF "normal" RoPE, in place: x (n_tokens, n_heads, head_dim); token t
-// is at position start_pos + t. Adjacent pairs (x[2i], x[2i+1]), 2i < rope_dims,
-// rotate by theta_i (angles computed in double).
+// RoPE in place, llama.cpp's ggml_rope_ext without YaRN: x (n_tokens, n_heads,
+// head_dim); token t is at position start_pos + t. Pair i (adjacent, or NeoX
+// halves), 2i < rope_dims, rotates by theta_i (angles computed in double).
 void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
           int64_t start_pos);
 

@@ -25,13 +25,18 @@ void RopeReference(float* x, int64_t n_tokens, int n_heads, int head_dim, const 
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * static_cast<int64_t>(head_dim);
-      for (int i = 0; 2 * i < cfg.rope_dims; ++i) {
-        const double theta = static_cast<double>(start_pos + t) * cfg.freq_scale *
-                             std::pow(static_cast<double>(cfg.freq_base),
-                                      -2.0 * i / static_cast<double>(cfg.rope_dims));
-        const double x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = static_cast<float>(x0 * std::cos(theta) - x1 * std::sin(theta));
-        v[2 * i + 1] = static_cast<float>(x0 * std::sin(theta) + x1 * std::cos(theta));
+      const int half = cfg.rope_dims / 2;
+      for (int i = 0; i < half; ++i) {
+        double theta = static_cast<double>(start_pos + t) * cfg.freq_scale *
+                       std::pow(static_cast<double>(cfg.freq_base),
+                                -2.0 * i / static_cast<double>(cfg.rope_dims));
+        if (cfg.freq_factors != nullptr) theta /= cfg.freq_factors[i];
+        // Normal: adjacent pairs; NeoX: element i with element i + half.
+        const int j0 = cfg.neox ? i : 2 * i;
+        const int j1 = cfg.neox ? i + half : 2 * i + 1;
+        const double x0 = v[j0], x1 = v[j1];
+        v[j0] = static_cast<float>(x0 * std::cos(theta) - x1 * std::sin(theta));
+        v[j1] = static_cast<float>(x0 * std::sin(theta) + x1 * std::cos(theta));
       }
     }
   }

@@ -91,6 +91,42 @@ TEST(Rope, MatchesReferencePartialDimsAndLargePositions) {
   }
 }
 
+TEST(Rope, NeoxRotatesHalvesAndFactorsDivideAngles) {
+  // NeoX, head_dim 4, base 100, position 1: pair 0 = (x[0], x[2]) turns by
+  // 1 rad, pair 1 = (x[1], x[3]) by 0.1 rad; factor 2 on pair 0 halves its angle.
+  const float factors[2] = {2.0f, 1.0f};
+  std::vector<float> x = {1.0f, 0.0f, 0.0f, 2.0f};
+  RopeConfig cfg{4, 100.0f, 1.0f, /*neox=*/true, factors};
+  Rope(x.data(), 1, 1, 4, cfg, 1);
+  EXPECT_NEAR(x[0], std::cos(0.5), 1e-6);
+  EXPECT_NEAR(x[2], std::sin(0.5), 1e-6);
+  EXPECT_NEAR(x[1], -2.0 * std::sin(0.1), 1e-6);
+  EXPECT_NEAR(x[3], 2.0 * std::cos(0.1), 1e-6);
+}
+
+TEST(Rope, NeoxAndFactorsMatchReference) {
+  std::vector<float> factors(64);
+  for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + 0.25f * static_cast<float>(i % 9);
+  for (bool neox : {false, true}) {
+    for (const float* ff :
+         {static_cast<const float*>(nullptr), static_cast<const float*>(factors.data())}) {
+      for (int rope_dims : {16, 32}) {
+        const int n_heads = 3, head_dim = 32;
+        const int64_t n_tokens = 4, start = 1000;
+        const auto x = Random(n_tokens * n_heads * head_dim, 11);
+        std::vector<float> got = x, want = x;
+        const RopeConfig cfg{rope_dims, 500000.f, 1.f, neox, ff};
+        Rope(got.data(), n_tokens, n_heads, head_dim, cfg, start);
+        RopeReference(want.data(), n_tokens, n_heads, head_dim, cfg, start);
+        ExpectClose(got, want, 1e-5, 1e-6, "rope");
+        for (int64_t k = 0; k < static_cast<int64_t>(x.size()); ++k) {
+          if (k % head_dim >= rope_dims) ASSERT_EQ(got[k], x[k]) << "non-rotated dim changed";
+        }
+      }
+    }
+  }
+}
+
 TEST(Softmax, MatchesReferenceAndIsStable) {
   ForEachSimdTarget([] {
     for (int64_t n : {1, 7, 16, 100, 1000}) {

@@ -42,6 +42,12 @@ struct LlamaShard::Workspace {
 
 namespace {
 ops::WeightMatrix W(const model::MatrixView& m) { return {m.type, m.data, m.rows, m.cols}; }
+
+// y (n, dim) += bias (dim) per row; nothing when the layer has no bias.
+void AddBias(float* y, const float* bias, int64_t n, int64_t dim) {
+  if (bias == nullptr) return;
+  for (int64_t t = 0; t < n; ++t) ops::Add(y + t * dim, bias, dim, y + t * dim);
+}
 }  // namespace
 
 LlamaShard::LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_layer, int end_layer,
@@ -122,7 +128,8 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
   const model::LlamaHParams& hp = hparams_;
   const int64_t d = hp.n_embd;
   const int64_t start = step.start_pos();
-  const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f};
+  const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f,
+                             hp.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
   const ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
   std::unique_ptr<Workspace> ws = Acquire(n);
   float* xb = ws->xb.data();
@@ -134,6 +141,9 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
     ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);     // (n, q_dim)
     ops::MatMul(W(lw.wk), xb, n, ws->k.data(), mm, pool_);     // (n, kv_dim)
     ops::MatMul(W(lw.wv), xb, n, ws->v.data(), mm, pool_);     // (n, kv_dim)
+    AddBias(ws->q.data(), lw.bq, n, hp.q_dim());
+    AddBias(ws->k.data(), lw.bk, n, hp.kv_dim());
+    AddBias(ws->v.data(), lw.bv, n, hp.kv_dim());
     ops::Rope(ws->q.data(), n, hp.n_heads, hp.head_dim, rope, start);
     ops::Rope(ws->k.data(), n, hp.n_kv_heads, hp.head_dim, rope, start);
     for (int64_t t = 0; t < n; ++t) {  // the step's reserved rows
