@@ -192,7 +192,14 @@ void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Respon
     if (!s->is_boolean()) ThrowBadRequest("'add_special' must be a boolean", "add_special");
     add_special = s->get<bool>();
   }
-  const std::vector<int32_t> ids = engine.Tokenize(it->get<std::string>(), add_special);
+  // llama-server's /tokenize: control tokens are parsed unless parse_special is false.
+  bool parse_special = true;
+  if (auto s = body.find("parse_special"); s != body.end() && !s->is_null()) {
+    if (!s->is_boolean()) ThrowBadRequest("'parse_special' must be a boolean", "parse_special");
+    parse_special = s->get<bool>();
+  }
+  const std::vector<int32_t> ids =
+      engine.Tokenize(it->get<std::string>(), add_special, parse_special);
   SetJson(res, {{"tokens", ids}});
 }
 

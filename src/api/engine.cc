@@ -38,10 +38,12 @@ Engine::Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFact
       options_(std::move(options)),
       admission_(options_.max_concurrent, options_.max_queue) {}
 
-std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special) const {
-  // Special-token parsing (issue 9) will switch on here; today markers such as
-  // <|im_start|> tokenize as text.
-  return tokenizer_.Encode(text, add_special && tokenizer_.add_bos());
+std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special,
+                                      bool parse_special) const {
+  // llama_tokenize's rules: BOS (and EOS) as the model asks when add_special;
+  // control tokens such as <|im_start|> only when parse_special (rendered chat
+  // prompts), never from a plain completion prompt or /tokenize text.
+  return tokenizer_.Tokenize(text, add_special, parse_special);
 }
 
 std::string Engine::RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
@@ -63,9 +65,9 @@ PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
     // double BOS); without special-token parsing the text would not map to it.
     const std::string& bos = formatter_.bos_token();
     if (!bos.empty() && prompt.starts_with(bos)) prompt.erase(0, bos.size());
-    g.prompt_ids = Tokenize(prompt, true);
+    g.prompt_ids = Tokenize(prompt, true, /*parse_special=*/true);
   } else if (r.prompt_text) {
-    g.prompt_ids = Tokenize(*r.prompt_text, true);
+    g.prompt_ids = Tokenize(*r.prompt_text, true, /*parse_special=*/false);
   } else {
     for (int32_t id : r.prompt_ids) {
       if (id >= tokenizer_.vocab_size()) {
@@ -112,6 +114,7 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
   options.max_tokens = gen.max_tokens;
   options.sampling = gen.sampling;
   if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
+  options.stop_ids = tokenizer_.eog_ids();  // eos, eot, eom, <|im_end|>, ...
   mesh::GenerateEvents events;
   events.on_token = [&](int32_t id) {
     const Clock::time_point now = Clock::now();

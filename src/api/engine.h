@@ -78,7 +78,8 @@ class Engine {
                         const std::function<bool(const std::string&)>& emit);
 
   // The one place prompts are tokenized (special-token parsing goes here).
-  std::vector<int32_t> Tokenize(const std::string& text, bool add_special) const;
+  std::vector<int32_t> Tokenize(const std::string& text, bool add_special,
+                                bool parse_special) const;
   std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                          const nlohmann::ordered_json& tools) const;
   // {"status":"ok","hops":[{name, start_layer, end_layer, live_sessions,
