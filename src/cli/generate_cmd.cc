@@ -1,7 +1,6 @@
 // meshnet generate: text generation over a route of shards, in-process by
 // default or over gRPC nodes with --nodes.
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,10 +8,12 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/layer_range.h"
 #include "util/error.h"
 #include "util/sizes.h"
 #include "util/thread_pool.h"
@@ -46,12 +47,6 @@ struct GenerateFlags {
   bool no_bos = false;
 };
 
-std::string DefaultModelPath() {
-  const std::filesystem::path local = "models/stories260K.gguf";
-  if (std::filesystem::exists(local)) return local.string();
-  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
-}
-
 int RunGenerate(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
@@ -80,8 +75,8 @@ int RunGenerate(const GenerateFlags& f) {
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
     mo.split =
-        f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtype(f.kv_dtype);
+        f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
+    mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
     const int threads =
@@ -145,7 +140,8 @@ const CommandRegistrar kRegistrar(
        auto f = std::make_shared<GenerateFlags>();
        sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
        sub->add_option("--model,-m", f->model,
-                       "GGUF model file (default: models/stories260K.gguf)");
+                       "GGUF model file (default: models/stories260K.gguf, looked up in the "
+                       "current directory, then above the executable)");
        sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
            ->capture_default_str()
            ->check(CLI::PositiveNumber);
@@ -164,7 +160,8 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--kv-budget", f->kv_budget,
                        "KV byte budget per in-process shard, e.g. 64MiB")
            ->capture_default_str();
-       sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+       sub->add_option("--kv-dtype", f->kv_dtype,
+                       "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
            ->capture_default_str();
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
            ->capture_default_str();
