@@ -86,6 +86,14 @@ struct HotKvStateConfig {
   // before failing with kBudgetExceeded. That shortage is transient; 0 fails
   // at once.
   double pinned_wait_seconds = 5.0;
+  // Debug: after every mutating operation, check the internal invariants
+  // (HotKvStateManager::InvariantViolation) and abort naming a broken one.
+  // O(sessions + blocks) per operation. On by default in sanitizer builds.
+#ifdef MESHNET_CHECK_INVARIANTS
+  bool check_invariants = true;
+#else
+  bool check_invariants = false;
+#endif
 
   // Reference checks (budget > 0, max_sessions >= 1, ttl >= 0, miss_history >= 0)
   // plus block_tokens >= 1 and epoch_history >= 0. Throws kInvalidArgument.
@@ -203,7 +211,8 @@ class HotKvStateManager {
   // manager.
   HotKvStateManager(KvCacheRecipe recipe, HotKvStateConfig config,
                     const Clock* clock = SteadyClock::Default());
-  // Requires that no SessionHandle or KvStep is still held.
+  // Requires that no SessionHandle or KvStep is still held (aborts naming
+  // the count otherwise: a pin would point into freed memory).
   ~HotKvStateManager();
   HotKvStateManager(const HotKvStateManager&) = delete;
   HotKvStateManager& operator=(const HotKvStateManager&) = delete;
@@ -262,10 +271,19 @@ class HotKvStateManager {
   // Live keys in LRU order, oldest first.
   std::vector<std::pair<std::string, int64_t>> SessionKeys() const;
   HotKvStats Stats() const;
+  // The first broken internal invariant, "" if none (see
+  // HotKvStateConfig::check_invariants). For tests.
+  std::string InvariantViolation() const;
 
  private:
   friend class SessionHandle;
   friend class KvStep;
+  // Append's and BeginStep's reservation (the manager's lock held inside):
+  // the checks of BeginStep (with `kv`'s shapes for Append), waiting for
+  // pinned room; the step or the miss.
+  StepResult ReserveStep(std::string_view session_id, int64_t route_epoch,
+                         std::optional<int64_t> expected_seq_len,
+                         const std::span<const LayerKv>* kv, int64_t n_new);
   KvCacheRecipe recipe_;
   HotKvStateConfig config_;
   std::unique_ptr<ManagerState> impl_;

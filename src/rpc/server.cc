@@ -11,7 +11,6 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <mutex>
 
 #include "node/node.h"
 #include "proto/meshnet.grpc.pb.h"
@@ -21,6 +20,7 @@
 #include "rpc/node_service.h"
 #include "rpc/status.h"
 #include "util/error.h"
+#include "util/mutex.h"
 #include "util/secret.h"
 
 namespace meshnet::rpc {
@@ -123,8 +123,8 @@ struct NodeServer::Impl {
   std::unique_ptr<grpc::Server> server;
   std::string bound;
   std::string metrics_bound;
-  std::mutex shutdown_mu;
-  bool stopped = false;
+  Mutex shutdown_mu;
+  bool stopped GUARDED_BY(shutdown_mu) = false;
 
   Impl(node::Node* node, NodeServerOptions opts)
       : options(std::move(opts)),
@@ -204,7 +204,7 @@ std::string NodeServer::instance_id() const { return impl_->node_service.core().
 void NodeServer::Shutdown(double grace_seconds) {
   if (!impl_) return;
   Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.shutdown_mu);
+  MutexLock lock(&m.shutdown_mu);
   if (m.stopped) return;
   m.stopped = true;
   if (m.server) {
