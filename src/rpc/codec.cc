@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "node/identity.h"
 #include "util/crc32c.h"
@@ -19,6 +20,54 @@ namespace {
 constexpr int64_t kMaxBundleBytes = int64_t{1} << 31;  // 2 GiB: above gRPC's message limit
 
 std::string Str(int64_t v) { return std::to_string(v); }
+
+// float32 rows -> the wire dtype's bytes.
+void NarrowRows(const std::vector<float>& rows, KvDtype dtype, std::string* out) {
+  const size_t n = rows.size();
+  out->resize(n * KvDtypeSize(dtype));
+  char* p = out->data();
+  switch (dtype) {
+    case KvDtype::kF32:
+      std::memcpy(p, rows.data(), n * sizeof(float));
+      break;
+    case KvDtype::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalf(rows[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    case KvDtype::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToBf16(rows[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+  }
+}
+
+// `elems` values of the wire dtype at `p` -> float32 rows.
+void WidenRows(const char* p, int64_t elems, KvDtype dtype, std::vector<float>* out) {
+  out->resize(elems);
+  switch (dtype) {
+    case KvDtype::kF32:
+      std::memcpy(out->data(), p, elems * sizeof(float));
+      break;
+    case KvDtype::kF16:
+      for (int64_t i = 0; i < elems; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        (*out)[i] = HalfToFloat(h);
+      }
+      break;
+    case KvDtype::kBF16:
+      for (int64_t i = 0; i < elems; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        (*out)[i] = Bf16ToFloat(h);
+      }
+      break;
+  }
+}
 
 }  // namespace
 
@@ -58,26 +107,7 @@ void EncodeBundle(const shard::BoundaryBundle& b, int64_t route_epoch, KvDtype d
   out->set_n_embd(b.n_embd);
   out->set_dtype(ToWireDtype(dtype));
   std::string* payload = out->mutable_payload();
-  const size_t n = b.residual.size();
-  payload->resize(n * KvDtypeSize(dtype));
-  char* p = payload->data();
-  switch (dtype) {
-    case KvDtype::kF32:
-      std::memcpy(p, b.residual.data(), n * sizeof(float));
-      break;
-    case KvDtype::kF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToHalf(b.residual[i]);
-        std::memcpy(p + 2 * i, &h, 2);
-      }
-      break;
-    case KvDtype::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToBf16(b.residual[i]);
-        std::memcpy(p + 2 * i, &h, 2);
-      }
-      break;
-  }
+  NarrowRows(b.residual, dtype, payload);
   out->mutable_positions()->Assign(b.positions.begin(), b.positions.end());
   out->set_next_layer(b.next_layer);
   out->set_normalized(b.normalized);
@@ -124,27 +154,7 @@ shard::BoundaryBundle DecodeBundle(const pb::BoundaryBundle& in, int64_t expecte
   b.next_layer = in.next_layer();
   b.normalized = in.normalized();
   b.positions.assign(in.positions().begin(), in.positions().end());
-  b.residual.resize(elems);
-  const char* p = in.payload().data();
-  switch (dtype) {
-    case KvDtype::kF32:
-      std::memcpy(b.residual.data(), p, elems * sizeof(float));
-      break;
-    case KvDtype::kF16:
-      for (int64_t i = 0; i < elems; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        b.residual[i] = HalfToFloat(h);
-      }
-      break;
-    case KvDtype::kBF16:
-      for (int64_t i = 0; i < elems; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        b.residual[i] = Bf16ToFloat(h);
-      }
-      break;
-  }
+  WidenRows(in.payload().data(), elems, dtype, &b.residual);
   return b;
 }
 
