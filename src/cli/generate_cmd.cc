@@ -1,7 +1,6 @@
 // meshnet generate: text generation over a route of shards, in-process by
 // default or over gRPC nodes with --nodes.
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,10 +8,12 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/layer_range.h"
 #include "util/error.h"
 #include "util/sizes.h"
 #include "util/thread_pool.h"
@@ -47,12 +48,6 @@ struct GenerateFlags {
   bool special = false;
   std::string dump_logits;
 };
-
-std::string DefaultModelPath() {
-  const std::filesystem::path local = "models/stories260K.gguf";
-  if (std::filesystem::exists(local)) return local.string();
-  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
-}
 
 using LogitsFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
 
@@ -105,8 +100,8 @@ int RunGenerate(const GenerateFlags& f) {
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
     mo.split =
-        f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtype(f.kv_dtype);
+        f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
+    mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
     const int threads =
@@ -176,7 +171,8 @@ const CommandRegistrar kRegistrar(
        auto f = std::make_shared<GenerateFlags>();
        sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
        sub->add_option("--model,-m", f->model,
-                       "GGUF model file (default: models/stories260K.gguf)");
+                       "GGUF model file (default: models/stories260K.gguf, looked up in the "
+                       "current directory, then above the executable)");
        sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
            ->capture_default_str()
            ->check(CLI::PositiveNumber);
@@ -195,7 +191,8 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--kv-budget", f->kv_budget,
                        "KV byte budget per in-process shard, e.g. 64MiB")
            ->capture_default_str();
-       sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+       sub->add_option("--kv-dtype", f->kv_dtype,
+                       "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
            ->capture_default_str();
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
            ->capture_default_str();

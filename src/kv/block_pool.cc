@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <new>
 
 namespace meshnet::kv {
@@ -46,6 +49,7 @@ uint8_t* BlockPool::Allocate() {
   if (!free_.empty()) {
     uint8_t* b = free_.back();
     free_.pop_back();
+    in_use_[static_cast<size_t>(IndexOf(b))] = true;
     return b;
   }
   if (allocated_ >= capacity_) return nullptr;
@@ -54,9 +58,17 @@ uint8_t* BlockPool::Allocate() {
   // throw after the slab is taken.
   free_.reserve(static_cast<size_t>(allocated_ + n));
   slabs_.reserve(slabs_.size() + 1);
+  in_use_.reserve(static_cast<size_t>(allocated_ + n));
   size_t mapped = 0;
   uint8_t* base = MapSlab(static_cast<size_t>(n) * stride_, &mapped);  // zero pages
-  slabs_.push_back({base, mapped});
+  const Slab slab{base, mapped, allocated_, n};
+  slabs_.insert(std::upper_bound(slabs_.begin(), slabs_.end(), slab,
+                                 [](const Slab& a, const Slab& b) {
+                                   return std::less<const uint8_t*>()(a.base, b.base);
+                                 }),
+                slab);
+  in_use_.resize(static_cast<size_t>(allocated_ + n), false);
+  in_use_[static_cast<size_t>(allocated_)] = true;
   // Push in reverse so blocks are handed out in address order.
   for (int64_t i = n - 1; i >= 1; --i) free_.push_back(base + static_cast<size_t>(i) * stride_);
   allocated_ += n;
@@ -67,8 +79,31 @@ BlockPool::~BlockPool() {
   for (const Slab& s : slabs_) munmap(s.base, s.bytes);
 }
 
+int64_t BlockPool::IndexOf(const uint8_t* block) const {
+  // The last slab starting at or before `block`.
+  auto it = std::upper_bound(
+      slabs_.begin(), slabs_.end(), block,
+      [](const uint8_t* p, const Slab& s) { return std::less<const uint8_t*>()(p, s.base); });
+  if (it == slabs_.begin()) return -1;
+  --it;
+  const size_t offset = static_cast<size_t>(block - it->base);
+  if (offset % stride_ != 0 || offset / stride_ >= static_cast<size_t>(it->blocks)) return -1;
+  return it->first + static_cast<int64_t>(offset / stride_);
+}
+
+bool BlockPool::InUse(const uint8_t* block) const {
+  const int64_t i = IndexOf(block);
+  return i >= 0 && in_use_[static_cast<size_t>(i)];
+}
+
 void BlockPool::Free(uint8_t* block) {
-  assert(block != nullptr);
+  const int64_t i = IndexOf(block);
+  if (i < 0 || !in_use_[static_cast<size_t>(i)]) {
+    std::fprintf(stderr, "meshnet: BlockPool::Free of %s block %p\n",
+                 i < 0 ? "a foreign" : "an already free", static_cast<void*>(block));
+    std::abort();
+  }
+  in_use_[static_cast<size_t>(i)] = false;
   assert(static_cast<int64_t>(free_.size()) < allocated_);
   free_.push_back(block);  // capacity reserved in Allocate: never reallocates
 }

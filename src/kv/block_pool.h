@@ -11,6 +11,10 @@
 // return to the system only when the pool is destroyed. Blocks are 16-byte aligned (the stride is
 // block_bytes rounded up to 16; accounting uses block_bytes).
 //
+// Every block handed out is tracked (a bit per block), so Free() catches a
+// double free and a pointer that is not a block of this pool: both abort with
+// a message, as memory corruption would follow.
+//
 // Thread-safety: not thread-safe; HotKvStateManager guards it with its mutex.
 #pragma once
 
@@ -35,8 +39,12 @@ class BlockPool {
   // holds what its last owner wrote), or nullptr when `capacity_blocks` blocks
   // are in use. Throws std::bad_alloc if a new slab cannot be allocated.
   uint8_t* Allocate();
-  // Returns a block obtained from Allocate() to the free list.
+  // Returns a block obtained from Allocate() to the free list. Aborts on a
+  // block that is not in use (double free) or not of this pool.
   void Free(uint8_t* block);
+  // Whether `block` is a block of this pool handed out by Allocate() and not
+  // freed since.
+  bool InUse(const uint8_t* block) const;
 
   size_t block_bytes() const { return block_bytes_; }
   int64_t capacity() const { return capacity_; }
@@ -54,9 +62,15 @@ class BlockPool {
   struct Slab {
     uint8_t* base;
     size_t bytes;
+    int64_t first;   // index of its first block
+    int64_t blocks;  // blocks carved from it
   };
-  std::vector<Slab> slabs_;
+  // The index of `block`, or -1 if it is not the start of a block of a slab.
+  int64_t IndexOf(const uint8_t* block) const;
+
+  std::vector<Slab> slabs_;     // sorted by base address
   std::vector<uint8_t*> free_;  // LIFO
+  std::vector<bool> in_use_;    // by block index
 };
 
 }  // namespace meshnet::kv

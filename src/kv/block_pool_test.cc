@@ -59,6 +59,20 @@ TEST(BlockPoolTest, FreedBlocksAreReusedLifoWithoutNewSlabs) {
   EXPECT_EQ(pool.slabs(), 2);
 }
 
+TEST(BlockPoolDeathTest, DoubleFreeAndForeignBlocksAbort) {
+  BlockPool pool(64, 8, 256);
+  uint8_t* a = pool.Allocate();
+  EXPECT_TRUE(pool.InUse(a));
+  EXPECT_FALSE(pool.InUse(a + 1));
+  pool.Free(a);
+  EXPECT_FALSE(pool.InUse(a));
+  EXPECT_DEATH(pool.Free(a), "already free");
+  uint8_t foreign[64];
+  EXPECT_DEATH(pool.Free(foreign), "foreign");
+  uint8_t* b = pool.Allocate();
+  EXPECT_DEATH(pool.Free(b + 8), "foreign");
+}
+
 TEST(BlockPoolTest, ZeroCapacity) {
   BlockPool pool(64, 0);
   EXPECT_EQ(pool.Allocate(), nullptr);

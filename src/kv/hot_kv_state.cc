@@ -81,12 +81,6 @@ void CheckEpoch(int64_t epoch) {
   if (epoch < 0) ThrowInvalidArgument("route_epoch must be >= 0");
 }
 
-// Ends every operation: trims the latest-epoch map (while mu is still held).
-struct IdTrimmer {
-  ManagerState& impl;
-  ~IdTrimmer() { impl.TrimIdsLocked(); }
-};
-
 }  // namespace
 
 void HotKvStateConfig::Validate() const {
@@ -161,7 +155,7 @@ int64_t ValidateKv(const ManagerState& m, std::span<const LayerKv> kv) {
 // order: stale epoch (throws), TTL eviction at `now`, live lookup. A dead key
 // answers its recorded miss (counted).
 std::variant<SessionEntry*, CacheMiss> LookupLiveLocked(ManagerState& m, std::string_view id,
-                                                        int64_t epoch, double now) {
+                                                        int64_t epoch, double now) REQUIRES(m.mu) {
   m.CheckStaleLocked(id, epoch);
   m.EvictExpiredLocked(now);
   if (SessionEntry* e = m.FindLiveLocked(id, epoch)) return e;
@@ -188,7 +182,8 @@ struct PinnedShortage {
 // eviction of others, reserve, refresh. Returns a CacheMiss value on a miss.
 std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id, int64_t epoch,
                                            std::optional<int64_t> expected,
-                                           const std::span<const LayerKv>* kv, int64_t n_new) {
+                                           const std::span<const LayerKv>* kv, int64_t n_new)
+    REQUIRES(m.mu) {
   const double now = m.NowLocked();
   auto found = LookupLiveLocked(m, id, epoch, now);
   if (auto* miss = std::get_if<CacheMiss>(&found)) return std::move(*miss);
@@ -216,7 +211,10 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   }
   const int64_t have = static_cast<int64_t>(e->blocks.size());
   const int64_t extra = need - have;
-  m.EvictLruUntilLocked(e, [&] { return m.pool.used() + extra <= m.pool.capacity(); });
+  m.EvictLruUntilLocked(e, [&] {
+    m.mu.AssertHeld();  // called under the lock by EvictLruUntilLocked
+    return m.pool.used() + extra <= m.pool.capacity();
+  });
   if (m.pool.used() + extra > m.pool.capacity()) {
     throw PinnedShortage{"session " + ShortSessionId(id) + " needs " +
                          std::to_string(extra * m.block_bytes) +
@@ -244,9 +242,10 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
 // time while the only obstacle is room pinned by other in-flight steps. Each
 // attempt re-runs the whole check sequence, since the state may change while
 // the lock is released. Throws kBudgetExceeded when the wait runs out.
-std::variant<Begun, CacheMiss> BeginWaitingLocked(
-    ManagerState& m, std::unique_lock<std::mutex>& lock, std::string_view id, int64_t epoch,
-    std::optional<int64_t> expected, const std::span<const LayerKv>* kv, int64_t n_new) {
+std::variant<Begun, CacheMiss> BeginWaitingLocked(ManagerState& m, std::string_view id,
+                                                  int64_t epoch, std::optional<int64_t> expected,
+                                                  const std::span<const LayerKv>* kv, int64_t n_new)
+    REQUIRES(m.mu) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(m.config.pinned_wait_seconds));
@@ -257,7 +256,8 @@ std::variant<Begun, CacheMiss> BeginWaitingLocked(
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(ErrorKind::kBudgetExceeded, shortage.message);
       }
-      m.unpinned.wait_until(lock, deadline);
+      ++m.pinned_waits;
+      m.unpinned.WaitUntil(deadline);
     }
   }
 }
@@ -294,8 +294,7 @@ SessionHandle HotKvStateManager::Open(std::string_view session_id, int64_t route
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
   CheckRecipe(m.fingerprint, recipe);
-  std::lock_guard lock(m.mu);
-  IdTrimmer trim{m};
+  MutationLock lock(&m);
   m.CheckStaleLocked(session_id, route_epoch);
   const double now = m.NowLocked();
   m.EvictExpiredLocked(now);
@@ -323,7 +322,10 @@ SessionHandle HotKvStateManager::Open(std::string_view session_id, int64_t route
   r->latest_epoch = route_epoch;
   m.lru.PushBack(e);
   m.ForgetMissLocked(session_id, route_epoch);
-  m.EvictLruUntilLocked(e, [&] { return m.lru.size() <= m.config.max_sessions; });
+  m.EvictLruUntilLocked(e, [&] {
+    m.mu.AssertHeld();  // called under the lock by EvictLruUntilLocked
+    return m.lru.size() <= m.config.max_sessions;
+  });
   m.PinLocked(e);
   return SessionHandle(this, e);
 }
@@ -334,18 +336,9 @@ int64_t HotKvStateManager::Append(std::string_view session_id, int64_t route_epo
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
   CheckRecipe(m.fingerprint, recipe);
-  KvStep step;
-  {
-    std::unique_lock lock(m.mu);
-    IdTrimmer trim{m};
-    auto r = BeginWaitingLocked(m, lock, session_id, route_epoch, expected_seq_len, &kv, 0);
-    if (auto* miss = std::get_if<CacheMiss>(&r)) throw CacheMissError(std::move(*miss));
-    const Begun& b = std::get<Begun>(r);
-    step.manager_ = this;
-    step.entry_ = b.entry;
-    step.start_pos_ = b.start_pos;
-    step.n_new_ = b.n_new;
-  }
+  StepResult begun = ReserveStep(session_id, route_epoch, expected_seq_len, &kv, 0);
+  if (auto* miss = std::get_if<CacheMiss>(&begun)) throw CacheMissError(std::move(*miss));
+  KvStep& step = std::get<KvStep>(begun);
   // Copy only the new rows, without the lock: the step owns them.
   const int64_t row = int64_t{m.n_kv_heads} * m.head_dim;
   // Rows of consecutive positions inside one block are contiguous in its K and
@@ -371,18 +364,9 @@ StepResult HotKvStateManager::BeginStep(std::string_view session_id, int64_t rou
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
   CheckRecipe(m.fingerprint, recipe);
-  KvStep step;
-  {
-    std::unique_lock lock(m.mu);
-    IdTrimmer trim{m};
-    auto r = BeginWaitingLocked(m, lock, session_id, route_epoch, expected_seq_len, nullptr, n_new);
-    if (auto* miss = std::get_if<CacheMiss>(&r)) return std::move(*miss);
-    const Begun& b = std::get<Begun>(r);
-    step.manager_ = this;
-    step.entry_ = b.entry;
-    step.start_pos_ = b.start_pos;
-    step.n_new_ = b.n_new;
-  }
+  StepResult begun = ReserveStep(session_id, route_epoch, expected_seq_len, nullptr, n_new);
+  if (std::holds_alternative<CacheMiss>(begun)) return begun;
+  KvStep& step = std::get<KvStep>(begun);
   // Reserved rows may hold another session's old data: clear them (outside
   // the lock) so a computation that skips a row never publishes foreign KV.
   for (int layer = m.first_layer; layer < m.first_layer + m.num_layers; ++layer) {
@@ -395,15 +379,35 @@ StepResult HotKvStateManager::BeginStep(std::string_view session_id, int64_t rou
       p += run;
     }
   }
+  return begun;
+}
+
+StepResult HotKvStateManager::ReserveStep(std::string_view session_id, int64_t route_epoch,
+                                          std::optional<int64_t> expected_seq_len,
+                                          const std::span<const LayerKv>* kv, int64_t n_new) {
+  ManagerState& m = *impl_;
+  MutationLock lock(&m);
+  auto r = BeginWaitingLocked(m, session_id, route_epoch, expected_seq_len, kv, n_new);
+  if (auto* miss = std::get_if<CacheMiss>(&r)) return std::move(*miss);
+  const Begun& b = std::get<Begun>(r);
+  KvStep step;
+  step.manager_ = this;
+  step.entry_ = b.entry;
+  step.start_pos_ = b.start_pos;
+  step.n_new_ = b.n_new;
   return step;
+}
+
+std::string HotKvStateManager::InvariantViolation() const {
+  MutexLock lock(&impl_->mu);
+  return impl_->InvariantViolationLocked();
 }
 
 int64_t HotKvStateManager::Truncate(std::string_view session_id, int64_t route_epoch,
                                     int64_t length) {
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
-  std::lock_guard lock(m.mu);
-  IdTrimmer trim{m};
+  MutationLock lock(&m);
   const double now = m.NowLocked();
   auto found = LookupLiveLocked(m, session_id, route_epoch, now);
   if (auto* miss = std::get_if<CacheMiss>(&found)) throw CacheMissError(std::move(*miss));
@@ -426,8 +430,7 @@ int64_t HotKvStateManager::Truncate(std::string_view session_id, int64_t route_e
 bool HotKvStateManager::Release(std::string_view session_id, int64_t route_epoch) {
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
-  std::lock_guard lock(m.mu);
-  IdTrimmer trim{m};
+  MutationLock lock(&m);
   SessionEntry* e = m.FindLiveLocked(session_id, route_epoch);
   if (e != nullptr) {
     m.DropLocked(e, CacheMissReason::kReleased, true);
@@ -443,8 +446,7 @@ ResolveResult HotKvStateManager::Resolve(std::string_view session_id, int64_t ro
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
   CheckRecipe(m.fingerprint, recipe);
-  std::lock_guard lock(m.mu);
-  IdTrimmer trim{m};
+  MutationLock lock(&m);
   const double now = m.NowLocked();
   auto found = LookupLiveLocked(m, session_id, route_epoch, now);
   if (auto* miss = std::get_if<CacheMiss>(&found)) return std::move(*miss);
@@ -473,19 +475,18 @@ SessionHandle HotKvStateManager::Get(std::string_view session_id, int64_t route_
 
 int64_t HotKvStateManager::SessionCount() {
   ManagerState& m = *impl_;
-  std::lock_guard lock(m.mu);
-  IdTrimmer trim{m};
+  MutationLock lock(&m);
   m.EvictExpiredLocked(m.NowLocked());
   return m.lru.size();
 }
 
 int64_t HotKvStateManager::TotalBytes() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->live_blocks * impl_->block_bytes;
 }
 
 std::vector<std::pair<std::string, int64_t>> HotKvStateManager::SessionKeys() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   std::vector<std::pair<std::string, int64_t>> keys;
   keys.reserve(static_cast<size_t>(impl_->lru.size()));
   for (SessionEntry* e = impl_->lru.front(); e != nullptr; e = decltype(impl_->lru)::Next(e)) {
@@ -496,7 +497,7 @@ std::vector<std::pair<std::string, int64_t>> HotKvStateManager::SessionKeys() co
 
 HotKvStats HotKvStateManager::Stats() const {
   const ManagerState& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   HotKvStats s;
   s.live_sessions = m.lru.size();
   s.pinned_sessions = m.pinned;
@@ -512,6 +513,7 @@ HotKvStats HotKvStateManager::Stats() const {
     s.evictions[i] = m.evictions[i];
   }
   s.replaced = m.replaced;
+  s.pinned_waits = m.pinned_waits;
   s.remembered_epochs = static_cast<int64_t>(m.ids.size());
   s.remembered_misses = static_cast<int64_t>(m.miss_list.size());
   return s;

@@ -86,6 +86,14 @@ struct HotKvStateConfig {
   // before failing with kBudgetExceeded. That shortage is transient; 0 fails
   // at once.
   double pinned_wait_seconds = 5.0;
+  // Debug: after every mutating operation, check the internal invariants
+  // (HotKvStateManager::InvariantViolation) and abort naming a broken one.
+  // O(sessions + blocks) per operation. On by default in sanitizer builds.
+#ifdef MESHNET_CHECK_INVARIANTS
+  bool check_invariants = true;
+#else
+  bool check_invariants = false;
+#endif
 
   // Reference checks (budget > 0, max_sessions >= 1, ttl >= 0, miss_history >= 0)
   // plus block_tokens >= 1 and epoch_history >= 0. Throws kInvalidArgument.
@@ -109,6 +117,7 @@ struct HotKvStats {
   int64_t replaced = 0;           // contexts replaced by a same-key re-open (no miss recorded)
   int64_t remembered_epochs = 0;  // size of the latest-epoch map
   int64_t remembered_misses = 0;  // size of the miss history
+  int64_t pinned_waits = 0;       // waits of reservations for room pinned by in-flight steps
 };
 
 // One owned layer's new K/V for Append (reference: kv_by_layer[layer] = (k, v)).
@@ -202,7 +211,8 @@ class HotKvStateManager {
   // manager.
   HotKvStateManager(KvCacheRecipe recipe, HotKvStateConfig config,
                     const Clock* clock = SteadyClock::Default());
-  // Requires that no SessionHandle or KvStep is still held.
+  // Requires that no SessionHandle or KvStep is still held (aborts naming
+  // the count otherwise: a pin would point into freed memory).
   ~HotKvStateManager();
   HotKvStateManager(const HotKvStateManager&) = delete;
   HotKvStateManager& operator=(const HotKvStateManager&) = delete;
@@ -261,10 +271,19 @@ class HotKvStateManager {
   // Live keys in LRU order, oldest first.
   std::vector<std::pair<std::string, int64_t>> SessionKeys() const;
   HotKvStats Stats() const;
+  // The first broken internal invariant, "" if none (see
+  // HotKvStateConfig::check_invariants). For tests.
+  std::string InvariantViolation() const;
 
  private:
   friend class SessionHandle;
   friend class KvStep;
+  // Append's and BeginStep's reservation (the manager's lock held inside):
+  // the checks of BeginStep (with `kv`'s shapes for Append), waiting for
+  // pinned room; the step or the miss.
+  StepResult ReserveStep(std::string_view session_id, int64_t route_epoch,
+                         std::optional<int64_t> expected_seq_len,
+                         const std::span<const LayerKv>* kv, int64_t n_new);
   KvCacheRecipe recipe_;
   HotKvStateConfig config_;
   std::unique_ptr<ManagerState> impl_;

@@ -42,7 +42,7 @@ SessionHandle& SessionHandle::operator=(SessionHandle&& other) noexcept {
 SessionHandle::~SessionHandle() {
   if (entry_ == nullptr) return;
   auto& m = *manager_->impl_;
-  std::lock_guard lock(m.mu);
+  MutationLock lock(&m, /*trim_ids=*/false);
   m.UnpinLocked(entry_);
 }
 
@@ -50,18 +50,18 @@ const std::string& SessionHandle::session_id() const { return entry_->session_id
 int64_t SessionHandle::route_epoch() const { return entry_->route_epoch; }
 
 int64_t SessionHandle::seq_len() const {
-  std::lock_guard lock(manager_->impl_->mu);
+  MutexLock lock(&manager_->impl_->mu);
   return entry_->seq_len;
 }
 
 bool SessionHandle::alive() const {
-  std::lock_guard lock(manager_->impl_->mu);
+  MutexLock lock(&manager_->impl_->mu);
   return entry_->live;
 }
 
 ops::PagedKvLayer SessionHandle::Layer(int layer) const {
   const auto& m = *manager_->impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   return m.View(entry_, layer, entry_->seq_len);
 }
 
@@ -107,7 +107,7 @@ std::optional<CacheMiss> KvStep::Commit() {
   auto& m = *manager_->impl_;
   SessionEntry* e = std::exchange(entry_, nullptr);
   manager_ = nullptr;
-  std::lock_guard lock(m.mu);
+  MutationLock lock(&m, /*trim_ids=*/false);
   e->step_active = false;
   if (!e->live) {
     CacheMiss miss{e->session_id, e->route_epoch, e->death_reason, e->death_detail};
@@ -128,7 +128,7 @@ void KvStep::Rollback() {
   auto& m = *manager_->impl_;
   SessionEntry* e = std::exchange(entry_, nullptr);
   manager_ = nullptr;
-  std::lock_guard lock(m.mu);
+  MutationLock lock(&m, /*trim_ids=*/false);
   e->step_active = false;
   m.ShrinkBlocksLocked(e, m.BlocksFor(e->seq_len));
   m.UnpinLocked(e);

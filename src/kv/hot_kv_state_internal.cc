@@ -2,7 +2,10 @@
 // they maintain are stated at the top of hot_kv_state.cc.
 #include "kv/hot_kv_state_internal.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <unordered_set>
 
 #include "util/error.h"
 
@@ -23,7 +26,15 @@ ManagerState::ManagerState(const KvCacheRecipe& recipe, const HotKvStateConfig& 
       pool(static_cast<size_t>(block_bytes), cfg.budget_bytes / block_bytes) {}
 
 ManagerState::~ManagerState() {
-  // Handles must not outlive the manager; free whatever is left regardless.
+  // A SessionHandle or KvStep that outlived the manager would point into
+  // freed memory: a bug in the caller, reported where it happens.
+  if (pinned != 0) {
+    std::fprintf(stderr,
+                 "meshnet: HotKvStateManager destroyed with %lld pinned session(s): a "
+                 "SessionHandle or KvStep outlived its manager\n",
+                 static_cast<long long>(pinned));
+    std::abort();
+  }
   while (SessionEntry* e = lru.front()) {
     lru.Remove(e);
     FreeEntryLocked(e);
@@ -146,7 +157,7 @@ void ManagerState::PinLocked(SessionEntry* e) {
 void ManagerState::UnpinLocked(SessionEntry* e) {
   if (--e->pins > 0) return;
   --pinned;
-  unpinned.notify_all();
+  unpinned.SignalAll();
   if (!e->live) {
     dead.Remove(e);
     FreeEntryLocked(e);
@@ -182,6 +193,60 @@ ops::PagedKvLayer ManagerState::View(const SessionEntry* e, int layer, int64_t n
   v.dtype = dtype;
   v.n_positions = n_positions;
   return v;
+}
+
+namespace {
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+std::string ManagerState::InvariantViolationLocked() const {
+  int64_t tokens = 0, live_owned = 0, owned = 0, live = 0, with_pins = 0;
+  std::unordered_set<const uint8_t*> seen;
+  auto own = [&](const SessionEntry* e) -> std::string {
+    mu.AssertHeld();  // called below, under the lock
+    for (const uint8_t* b : e->blocks) {
+      if (!pool.InUse(b)) return "session " + e->session_id + " owns a block the pool has free";
+      if (!seen.insert(b).second) return "a block is owned twice (again by " + e->session_id + ")";
+    }
+    owned += static_cast<int64_t>(e->blocks.size());
+    with_pins += e->pins > 0 ? 1 : 0;
+    return "";
+  };
+  for (const SessionEntry* e = lru.front(); e != nullptr; e = decltype(lru)::Next(e)) {
+    if (!e->live) return "dead session " + e->session_id + " on the LRU list";
+    if (e->id == nullptr || e->id->live != e) return "live session " + e->session_id + " unlinked";
+    if (!e->step_active && BlocksFor(e->seq_len) != static_cast<int64_t>(e->blocks.size())) {
+      return "session " + e->session_id + " holds blocks beyond its length";
+    }
+    if (std::string bad = own(e); !bad.empty()) return bad;
+    tokens += e->seq_len;
+    live_owned += static_cast<int64_t>(e->blocks.size());
+    ++live;
+  }
+  for (const SessionEntry* e = dead.front(); e != nullptr; e = decltype(dead)::Next(e)) {
+    if (e->live || e->pins == 0) return "dead list holds " + e->session_id + " live or unpinned";
+    if (std::string bad = own(e); !bad.empty()) return bad;
+  }
+  int64_t ids_live = 0;
+  for (const auto& [id, r] : ids) ids_live += r.live != nullptr ? 1 : 0;
+  if (ids_live != live) return "id records name " + Num(ids_live) + " live, LRU " + Num(live);
+  if (idle_ids.size() != static_cast<int64_t>(ids.size()) - live) return "idle id list wrong";
+  if (tokens != live_tokens) return "live_tokens " + Num(live_tokens) + " != " + Num(tokens);
+  if (live_owned != live_blocks)
+    return "live_blocks " + Num(live_blocks) + " != " + Num(live_owned);
+  if (owned != pool.used()) return "pool uses " + Num(pool.used()) + ", owned " + Num(owned);
+  if (with_pins != pinned) return "pinned " + Num(pinned) + " != " + Num(with_pins);
+  return "";
+}
+
+void ManagerState::DebugCheckLocked() const {
+  if (!config.check_invariants) return;
+  const std::string bad = InvariantViolationLocked();
+  if (bad.empty()) return;
+  std::fprintf(stderr, "meshnet: HotKvStateManager invariant broken: %s\n", bad.c_str());
+  std::abort();
 }
 
 }  // namespace meshnet::kv

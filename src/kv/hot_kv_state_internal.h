@@ -2,10 +2,8 @@
 // invariants comment at the top of hot_kv_state.cc.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <list>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -13,6 +11,7 @@
 
 #include "kv/block_pool.h"
 #include "kv/hot_kv_state.h"
+#include "util/mutex.h"
 
 namespace meshnet::kv {
 
@@ -139,57 +138,92 @@ struct ManagerState {
   int64_t bytes_per_token = 0;  // 2 * row_bytes * num_layers
   int64_t block_bytes = 0;      // block_tokens * bytes_per_token
 
-  mutable std::mutex mu;
+  mutable Mutex mu;
   // Signalled when a pin goes or blocks return to the pool: a reservation
   // short of room only because of pinned sessions waits on it.
-  std::condition_variable unpinned;
-  // --- everything below is GUARDED_BY(mu) ---
-  BlockPool pool;
-  double last_now = 0;  // clamps the clock so LRU order stays last_tick order
-  IntrusiveList<SessionEntry, &SessionEntry::lru> lru;   // live entries, oldest first
-  IntrusiveList<SessionEntry, &SessionEntry::lru> dead;  // dead entries kept by pins
-  std::unordered_map<std::string, IdRecord, StringHash, std::equal_to<>> ids;
-  IntrusiveList<IdRecord, &IdRecord::idle> idle_ids;  // ids without live state, oldest first
-  std::list<CacheMiss> miss_list;                     // oldest first
-  std::unordered_map<MissKey, std::list<CacheMiss>::iterator, MissKeyHash> miss_index;
-  int64_t live_blocks = 0;  // blocks in live entries' tables
-  int64_t live_tokens = 0;  // sum of live seq_len
-  int64_t pinned = 0;       // entries with pins > 0
-  int64_t hits = 0;
-  int64_t misses[kNumCacheMissReasons] = {};
-  int64_t evictions[kNumCacheMissReasons] = {};
-  int64_t replaced = 0;
+  CondVar unpinned{&mu};
+  // --- guarded by mu (the entries and records they point to as well) ---
+  BlockPool pool GUARDED_BY(mu);
+  double last_now GUARDED_BY(mu) = 0;  // clamps the clock so LRU order stays last_tick order
+  IntrusiveList<SessionEntry, &SessionEntry::lru> lru GUARDED_BY(mu);   // live, oldest first
+  IntrusiveList<SessionEntry, &SessionEntry::lru> dead GUARDED_BY(mu);  // dead, kept by pins
+  std::unordered_map<std::string, IdRecord, StringHash, std::equal_to<>> ids GUARDED_BY(mu);
+  // Ids without live state, oldest first.
+  IntrusiveList<IdRecord, &IdRecord::idle> idle_ids GUARDED_BY(mu);
+  std::list<CacheMiss> miss_list GUARDED_BY(mu);  // oldest first
+  std::unordered_map<MissKey, std::list<CacheMiss>::iterator, MissKeyHash> miss_index
+      GUARDED_BY(mu);
+  int64_t live_blocks GUARDED_BY(mu) = 0;  // blocks in live entries' tables
+  int64_t live_tokens GUARDED_BY(mu) = 0;  // sum of live seq_len
+  int64_t pinned GUARDED_BY(mu) = 0;       // entries with pins > 0
+  int64_t hits GUARDED_BY(mu) = 0;
+  int64_t misses[kNumCacheMissReasons] GUARDED_BY(mu) = {};
+  int64_t evictions[kNumCacheMissReasons] GUARDED_BY(mu) = {};
+  int64_t replaced GUARDED_BY(mu) = 0;
+  int64_t pinned_waits GUARDED_BY(mu) = 0;
 
   // --- helpers; all require mu held ---
-  double NowLocked();
+  double NowLocked() REQUIRES(mu);
   int64_t BlocksFor(int64_t tokens) const {
     return (tokens + config.block_tokens - 1) / config.block_tokens;
   }
-  IdRecord* FindId(std::string_view id);
+  IdRecord* FindId(std::string_view id) REQUIRES(mu);
   // Throws kStaleEpoch if epoch < latest[id]; touches the id's record.
-  void CheckStaleLocked(std::string_view id, int64_t epoch);
-  SessionEntry* FindLiveLocked(std::string_view id, int64_t epoch);
-  void EvictExpiredLocked(double now);
+  void CheckStaleLocked(std::string_view id, int64_t epoch) REQUIRES(mu);
+  SessionEntry* FindLiveLocked(std::string_view id, int64_t epoch) REQUIRES(mu);
+  void EvictExpiredLocked(double now) REQUIRES(mu);
   // Removes a live entry from the store; records `reason` as a miss unless
   // `record` is false. Frees it unless pinned.
-  void DropLocked(SessionEntry* e, CacheMissReason reason, bool record, std::string detail = {});
+  void DropLocked(SessionEntry* e, CacheMissReason reason, bool record, std::string detail = {})
+      REQUIRES(mu);
   void RecordMissLocked(std::string_view id, int64_t epoch, CacheMissReason reason,
-                        std::string detail);
-  void ForgetMissLocked(std::string_view id, int64_t epoch);
-  CacheMiss RecordedMissLocked(std::string_view id, int64_t epoch) const;
-  void TrimIdsLocked();
+                        std::string detail) REQUIRES(mu);
+  void ForgetMissLocked(std::string_view id, int64_t epoch) REQUIRES(mu);
+  CacheMiss RecordedMissLocked(std::string_view id, int64_t epoch) const REQUIRES(mu);
+  void TrimIdsLocked() REQUIRES(mu);
   // Evicts LRU entries other than `protect` and unpinned until `done()`.
   template <typename Done>
-  void EvictLruUntilLocked(const SessionEntry* protect, Done done);
+  void EvictLruUntilLocked(const SessionEntry* protect, Done done) REQUIRES(mu);
   // Frees blocks of `e` beyond the first `keep`.
-  void ShrinkBlocksLocked(SessionEntry* e, int64_t keep);
-  void PinLocked(SessionEntry* e);
-  void UnpinLocked(SessionEntry* e);
-  void FreeEntryLocked(SessionEntry* e);
-  void TouchLocked(SessionEntry* e, double now);
+  void ShrinkBlocksLocked(SessionEntry* e, int64_t keep) REQUIRES(mu);
+  void PinLocked(SessionEntry* e) REQUIRES(mu);
+  void UnpinLocked(SessionEntry* e) REQUIRES(mu);
+  void FreeEntryLocked(SessionEntry* e) REQUIRES(mu);
+  void TouchLocked(SessionEntry* e, double now) REQUIRES(mu);
+  // The first broken invariant ("" if none): byte and token totals equal the
+  // sums over sessions, the LRU list holds exactly the live sessions (each
+  // reachable from its id record), the dead list exactly the dead pinned
+  // ones, the pinned count matches, every owned block is in use in the pool,
+  // owned by one session only, and the pool's used count equals the owned
+  // blocks (so no block is both free and owned). O(sessions + blocks).
+  std::string InvariantViolationLocked() const REQUIRES(mu);
+  // With config.check_invariants: aborts naming a broken invariant.
+  void DebugCheckLocked() const REQUIRES(mu);
   // A view of owned `layer` over e's block table. Needs mu, or a pin whose
   // owner is the only one who may change e->blocks (an in-flight step).
   ops::PagedKvLayer View(const SessionEntry* e, int layer, int64_t n_positions) const;
+};
+
+// Holds the manager's mutex for one mutating operation. On release it trims
+// the latest-epoch map (trim_ids) and runs the debug invariant check.
+class SCOPED_CAPABILITY MutationLock {
+ public:
+  explicit MutationLock(ManagerState* m, bool trim_ids = true) ACQUIRE(m->mu)
+      : m_(m), trim_ids_(trim_ids) {
+    m_->mu.Lock();
+  }
+  ~MutationLock() RELEASE() {
+    m_->mu.AssertHeld();
+    if (trim_ids_) m_->TrimIdsLocked();
+    m_->DebugCheckLocked();
+    m_->mu.Unlock();
+  }
+  MutationLock(const MutationLock&) = delete;
+  MutationLock& operator=(const MutationLock&) = delete;
+
+ private:
+  ManagerState* const m_;
+  const bool trim_ids_;
 };
 
 // Walks from the LRU front once; passes over pinned entries (at most the

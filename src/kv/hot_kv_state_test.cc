@@ -29,17 +29,7 @@ constexpr int kSuperseded = static_cast<int>(CacheMissReason::kSupersededEpoch);
 constexpr int kMismatch = static_cast<int>(CacheMissReason::kSeqLenMismatch);
 constexpr int kUnknown = static_cast<int>(CacheMissReason::kUnknownSession);
 
-// "ok", "<error kind>" or "cache-miss:<reason>".
-std::string Outcome(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CacheMissError& e) {
-    return "cache-miss:" + std::string(CacheMissReasonName(e.miss().reason));
-  } catch (const Error& e) {
-    return std::string(ErrorKindName(e.kind()));
-  }
-  return "ok";
-}
+using testing::Outcome;
 
 class HotKvStateTest : public ::testing::Test {
  protected:

@@ -22,16 +22,7 @@ using Keys = std::vector<std::pair<std::string, int64_t>>;
 
 constexpr int kLru = static_cast<int>(CacheMissReason::kEvictedLru);
 
-std::string Outcome(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CacheMissError& e) {
-    return "cache-miss:" + std::string(CacheMissReasonName(e.miss().reason));
-  } catch (const Error& e) {
-    return std::string(ErrorKindName(e.kind()));
-  }
-  return "ok";
-}
+using testing::Outcome;
 
 // Writes spec rows [start, start+n) of every owned layer through a step view.
 void WriteSpecRows(const KvCacheRecipe& r, KvStep& step) {

@@ -3,13 +3,28 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "kv/cache_miss.h"
 #include "kv/hot_kv_state.h"
+#include "util/error.h"
 #include "util/hash.h"
 
 namespace meshnet::kv::testing {
+
+// "ok", "<error kind>" or "cache-miss:<reason>".
+inline std::string Outcome(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const CacheMissError& e) {
+    return "cache-miss:" + std::string(CacheMissReasonName(e.miss().reason));
+  } catch (const Error& e) {
+    return std::string(ErrorKindName(e.kind()));
+  }
+  return "ok";
+}
 
 inline KvCacheRecipe MiniRecipe(KvDtype dtype = KvDtype::kF32) {
   KvCacheRecipe r;

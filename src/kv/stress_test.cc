@@ -238,6 +238,7 @@ TEST(KvStressTest, ConcurrentSessionsNeverCorrupt) {
   c.ttl_seconds = 0.08;  // ~80 clock ticks of 1 ms
   c.miss_history = 64;
   c.epoch_history = 16;
+  c.check_invariants = true;  // after every mutation, under contention
   HotKvStateManager manager(StressRecipe(), c, &clock);
   Shared sh;
   sh.manager = &manager;
@@ -264,6 +265,7 @@ TEST(KvStressTest, ConcurrentSessionsNeverCorrupt) {
   EXPECT_LE(s.blocks_used, s.blocks_capacity);
   EXPECT_EQ(s.bytes_reserved, manager.TotalBytes());
   EXPECT_LE(s.remembered_epochs, s.live_sessions + c.epoch_history);
+  EXPECT_EQ(manager.InvariantViolation(), "");
   std::printf(
       "verified=%lld committed=%lld step_misses=%lld budget_refusals=%lld lru=%lld ttl=%lld "
       "released=%lld\n",

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
-#include "rpc/crc32c.h"
+#include "node/identity.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -18,6 +20,54 @@ namespace {
 constexpr int64_t kMaxBundleBytes = int64_t{1} << 31;  // 2 GiB: above gRPC's message limit
 
 std::string Str(int64_t v) { return std::to_string(v); }
+
+// float32 rows -> the wire dtype's bytes.
+void NarrowRows(const std::vector<float>& rows, KvDtype dtype, std::string* out) {
+  const size_t n = rows.size();
+  out->resize(n * KvDtypeSize(dtype));
+  char* p = out->data();
+  switch (dtype) {
+    case KvDtype::kF32:
+      std::memcpy(p, rows.data(), n * sizeof(float));
+      break;
+    case KvDtype::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalf(rows[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    case KvDtype::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToBf16(rows[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+  }
+}
+
+// `elems` values of the wire dtype at `p` -> float32 rows.
+void WidenRows(const char* p, int64_t elems, KvDtype dtype, std::vector<float>* out) {
+  out->resize(elems);
+  switch (dtype) {
+    case KvDtype::kF32:
+      std::memcpy(out->data(), p, elems * sizeof(float));
+      break;
+    case KvDtype::kF16:
+      for (int64_t i = 0; i < elems; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        (*out)[i] = HalfToFloat(h);
+      }
+      break;
+    case KvDtype::kBF16:
+      for (int64_t i = 0; i < elems; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        (*out)[i] = Bf16ToFloat(h);
+      }
+      break;
+  }
+}
 
 }  // namespace
 
@@ -57,26 +107,7 @@ void EncodeBundle(const shard::BoundaryBundle& b, int64_t route_epoch, KvDtype d
   out->set_n_embd(b.n_embd);
   out->set_dtype(ToWireDtype(dtype));
   std::string* payload = out->mutable_payload();
-  const size_t n = b.residual.size();
-  payload->resize(n * KvDtypeSize(dtype));
-  char* p = payload->data();
-  switch (dtype) {
-    case KvDtype::kF32:
-      std::memcpy(p, b.residual.data(), n * sizeof(float));
-      break;
-    case KvDtype::kF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToHalf(b.residual[i]);
-        std::memcpy(p + 2 * i, &h, 2);
-      }
-      break;
-    case KvDtype::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToBf16(b.residual[i]);
-        std::memcpy(p + 2 * i, &h, 2);
-      }
-      break;
-  }
+  NarrowRows(b.residual, dtype, payload);
   out->mutable_positions()->Assign(b.positions.begin(), b.positions.end());
   out->set_next_layer(b.next_layer);
   out->set_normalized(b.normalized);
@@ -123,27 +154,7 @@ shard::BoundaryBundle DecodeBundle(const pb::BoundaryBundle& in, int64_t expecte
   b.next_layer = in.next_layer();
   b.normalized = in.normalized();
   b.positions.assign(in.positions().begin(), in.positions().end());
-  b.residual.resize(elems);
-  const char* p = in.payload().data();
-  switch (dtype) {
-    case KvDtype::kF32:
-      std::memcpy(b.residual.data(), p, elems * sizeof(float));
-      break;
-    case KvDtype::kF16:
-      for (int64_t i = 0; i < elems; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        b.residual[i] = HalfToFloat(h);
-      }
-      break;
-    case KvDtype::kBF16:
-      for (int64_t i = 0; i < elems; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        b.residual[i] = Bf16ToFloat(h);
-      }
-      break;
-  }
+  WidenRows(in.payload().data(), elems, dtype, &b.residual);
   return b;
 }
 
@@ -219,7 +230,7 @@ kv::CacheMiss DecodeCacheMiss(const pb::CacheMiss& in) {
   return m;
 }
 
-void EncodeStepRequest(const mesh::StepRequest& r, KvDtype input_dtype, KvDtype output_dtype,
+void EncodeStepRequest(const node::StepRequest& r, KvDtype input_dtype, KvDtype output_dtype,
                        bool want_logits, pb::StepRequest* out) {
   out->set_session_id(r.session_id);
   out->set_session_secret(r.session_secret);
@@ -238,7 +249,7 @@ void EncodeStepRequest(const mesh::StepRequest& r, KvDtype input_dtype, KvDtype 
   out->set_omit_logits(!want_logits);
 }
 
-mesh::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch) {
+node::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch) {
   switch (in.result_case()) {
     case pb::StepResponse::kBundle:
       return DecodeBundle(in.bundle(), route_epoch);
@@ -256,15 +267,9 @@ mesh::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_ep
   ThrowInvalidArgument("step response carries no result");
 }
 
-mesh::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
-  mesh::StepRequest r;
-  if (!IsSessionId(in.session_id())) {
-    ThrowInvalidArgument("session id must be 32 lowercase hex characters (128 random bits)");
-  }
-  if (in.session_secret().empty() || in.session_secret().size() > 256) {
-    ThrowInvalidArgument("session secret must hold 1..256 bytes");
-  }
-  if (in.route_epoch() < 0) ThrowInvalidArgument("route epoch must be >= 0");
+node::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
+  node::StepRequest r;
+  node::ValidateSessionKey(in.session_id(), in.session_secret(), in.route_epoch());
   r.session_id = in.session_id();
   r.session_secret = in.session_secret();
   r.route_epoch = in.route_epoch();
@@ -290,7 +295,7 @@ mesh::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
   return r;
 }
 
-void EncodeStepResult(const mesh::StepResult& r, int64_t route_epoch, KvDtype output_dtype,
+void EncodeStepResult(const node::StepResult& r, int64_t route_epoch, KvDtype output_dtype,
                       bool want_logits, pb::StepResponse* out) {
   if (const auto* b = std::get_if<shard::BoundaryBundle>(&r)) {
     EncodeBundle(*b, route_epoch, output_dtype, out->mutable_bundle());
@@ -303,7 +308,7 @@ void EncodeStepResult(const mesh::StepResult& r, int64_t route_epoch, KvDtype ou
   }
 }
 
-void EncodeInfo(const mesh::ShardInfo& info, pb::InfoResponse* out) {
+void EncodeInfo(const node::ShardInfo& info, pb::InfoResponse* out) {
   out->set_model_id(info.model_id);
   out->set_architecture(info.architecture);
   out->set_start_layer(info.start_layer);
@@ -318,8 +323,8 @@ void EncodeInfo(const mesh::ShardInfo& info, pb::InfoResponse* out) {
   out->set_protocol_version(kProtocolVersion);
 }
 
-mesh::ShardInfo DecodeInfo(const pb::InfoResponse& in) {
-  mesh::ShardInfo info;
+node::ShardInfo DecodeInfo(const pb::InfoResponse& in) {
+  node::ShardInfo info;
   info.model_id = in.model_id();
   info.architecture = in.architecture();
   info.start_layer = in.start_layer();
@@ -334,12 +339,26 @@ mesh::ShardInfo DecodeInfo(const pb::InfoResponse& in) {
   return info;
 }
 
-bool IsSessionId(const std::string& id) {
-  if (id.size() != 32) return false;
-  for (char c : id) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
+void EncodeNodeInfo(const node::NodeInfo& info, pb::InfoResponse* out) {
+  EncodeInfo(info.shard, out);
+  out->set_instance_id(info.instance_id);
+  out->set_kv_bytes_reserved(info.kv_bytes_reserved);
+  out->set_kv_bytes_reserved_peak(info.kv_bytes_reserved_peak);
+  out->set_steps_served(info.steps_served);
+  out->set_n_embd(info.n_embd);
+  out->set_vocab_size(info.vocab_size);
+}
+
+node::NodeInfo DecodeNodeInfo(const pb::InfoResponse& in) {
+  node::NodeInfo info;
+  info.shard = DecodeInfo(in);
+  info.instance_id = in.instance_id();
+  info.kv_bytes_reserved = in.kv_bytes_reserved();
+  info.kv_bytes_reserved_peak = in.kv_bytes_reserved_peak();
+  info.steps_served = in.steps_served();
+  info.n_embd = in.n_embd();
+  info.vocab_size = in.vocab_size();
+  return info;
 }
 
 }  // namespace meshnet::rpc

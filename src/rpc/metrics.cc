@@ -3,7 +3,7 @@
 #include <string>
 
 #include "kv/cache_miss.h"
-#include "rpc/node_core.h"
+#include "node/node_core.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -51,11 +51,10 @@ constexpr ErrorKind kKinds[] = {
 
 }  // namespace
 
-std::vector<MetricFamily> NodeMetrics::Collect() const {
-  std::vector<MetricFamily> out;
-  const kv::HotKvStats s = core_->manager().Stats();
-  NodeCounters& c = core_->counters();
+namespace {
 
+void AddKvGauges(std::vector<MetricFamily>& out, const kv::HotKvStats& s,
+                 const node::NodeCounters& c, int64_t bindings) {
   AddGauge(out, "meshnet_kv_live_sessions", "Sessions with live KV state", s.live_sessions);
   AddGauge(out, "meshnet_kv_pinned_sessions", "Sessions pinned by an in-flight step",
            s.pinned_sessions);
@@ -68,8 +67,10 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   AddGauge(out, "meshnet_kv_blocks_free", "KV blocks on the free list", s.blocks_free);
   AddGauge(out, "meshnet_kv_blocks_capacity", "KV blocks the budget allows", s.blocks_capacity);
   AddGauge(out, "meshnet_session_bindings", "Session-secret bindings remembered",
-           static_cast<double>(core_->bindings()));
+           static_cast<double>(bindings));
+}
 
+void AddKvCounters(std::vector<MetricFamily>& out, const kv::HotKvStats& s) {
   MetricFamily hits =
       Family("meshnet_kv_hits_total", "Lookups that found live state", MetricType::Counter);
   hits.metric.push_back(Counter(static_cast<double>(s.hits)));
@@ -86,7 +87,10 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   }
   out.push_back(std::move(misses));
   out.push_back(std::move(evictions));
+}
 
+void AddStepCounters(std::vector<MetricFamily>& out, const node::NodeCounters& c,
+                     int64_t pinned_waits) {
   MetricFamily steps =
       Family("meshnet_steps_total", "Steps answered, by result", MetricType::Counter);
   steps.metric.push_back(
@@ -97,10 +101,10 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
       Counter(static_cast<double>(c.steps_replayed.load()), {{"result", "replayed"}}));
   out.push_back(std::move(steps));
 
-  MetricFamily waits =
-      Family("meshnet_step_budget_waits_total",
-             "Step retries after KV room was pinned by other in-flight steps", MetricType::Counter);
-  waits.metric.push_back(Counter(static_cast<double>(c.budget_waits.load())));
+  MetricFamily waits = Family("meshnet_step_budget_waits_total",
+                              "Waits of KV reservations for room pinned by other in-flight steps",
+                              MetricType::Counter);
+  waits.metric.push_back(Counter(static_cast<double>(pinned_waits)));
   out.push_back(std::move(waits));
 
   MetricFamily errors =
@@ -110,23 +114,38 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
                                     {{"kind", std::string(ErrorKindName(k))}}));
   }
   out.push_back(std::move(errors));
+}
 
+void AddLatency(std::vector<MetricFamily>& out, const node::NodeCounters& c) {
   MetricFamily lat =
       Family("meshnet_step_latency_seconds", "Step latency on the node", MetricType::Histogram);
   ClientMetric h;
   uint64_t cumulative = 0;
-  for (int i = 0; i <= NodeCounters::kNumLatencyBuckets; ++i) {
+  for (int i = 0; i <= node::NodeCounters::kNumLatencyBuckets; ++i) {
     cumulative += static_cast<uint64_t>(c.latency_buckets[i].load());
     ClientMetric::Bucket b;
     b.cumulative_count = cumulative;
-    b.upper_bound = i < NodeCounters::kNumLatencyBuckets ? NodeCounters::LatencyBucketBound(i)
-                                                         : std::numeric_limits<double>::infinity();
+    b.upper_bound = i < node::NodeCounters::kNumLatencyBuckets
+                        ? node::NodeCounters::LatencyBucketBound(i)
+                        : std::numeric_limits<double>::infinity();
     h.histogram.bucket.push_back(b);
   }
   h.histogram.sample_count = cumulative;
   h.histogram.sample_sum = static_cast<double>(c.latency_sum_nanos.load()) * 1e-9;
   lat.metric.push_back(std::move(h));
   out.push_back(std::move(lat));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> NodeMetrics::Collect() const {
+  std::vector<MetricFamily> out;
+  const kv::HotKvStats s = core_->manager().Stats();
+  node::NodeCounters& c = core_->counters();
+  AddKvGauges(out, s, c, core_->bindings());
+  AddKvCounters(out, s);
+  AddStepCounters(out, c, s.pinned_waits);
+  AddLatency(out, c);
   return out;
 }
 

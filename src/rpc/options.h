@@ -45,7 +45,7 @@ struct NodeServerOptions {
   std::string tls_key;                      // its private key (PEM)
   std::string tls_ca;                       // if set: require client certificates signed by it
   int max_rpc_threads = 64;                 // gRPC handler threads
-  int64_t max_bindings = 4096;              // session bindings remembered (see node_core.h)
+  int64_t max_bindings = 4096;              // session bindings remembered (see node/node_core.h)
   int64_t replay_cache_bytes = 64LL << 20;  // bytes of cached step results for retries
 
   void Validate() const;

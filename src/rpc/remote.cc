@@ -8,7 +8,6 @@
 #include <charconv>
 #include <chrono>
 #include <future>
-#include <mutex>
 #include <optional>
 #include <set>
 
@@ -16,15 +15,13 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/codec.h"
-#include "rpc/server.h"
 #include "rpc/status.h"
 #include "util/error.h"
+#include "util/mutex.h"
 
 namespace meshnet::rpc {
 
 namespace {
-
-constexpr int kMaxMessageBytes = 1 << 30;
 
 // Client logs go to stderr (stdout carries generated text), warnings and up
 // unless the "meshnet.rpc" logger is configured otherwise.
@@ -69,16 +66,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cli
   return grpc::CreateCustomChannel(address, creds, args);
 }
 
-NodeInfo DecodeNodeInfo(const pb::InfoResponse& r) {
+NodeInfo DecodeClientInfo(const pb::InfoResponse& r) {
   NodeInfo info;
-  info.shard = DecodeInfo(r);
+  static_cast<node::NodeInfo&>(info) = DecodeNodeInfo(r);
   info.protocol_version = r.protocol_version();
-  info.instance_id = r.instance_id();
-  info.kv_bytes_reserved = r.kv_bytes_reserved();
-  info.kv_bytes_reserved_peak = r.kv_bytes_reserved_peak();
-  info.steps_served = r.steps_served();
-  info.n_embd = r.n_embd();
-  info.vocab_size = r.vocab_size();
   return info;
 }
 
@@ -124,7 +115,7 @@ NodeInfo RemoteEndpoint::InfoFull() {
   pb::InfoResponse resp;
   const grpc::Status s = impl_->stub->Info(&ctx, pb::InfoRequest(), &resp);
   if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Info");
-  return DecodeNodeInfo(resp);
+  return DecodeClientInfo(resp);
 }
 
 mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
@@ -256,6 +247,66 @@ int64_t RemoteEndpoint::Truncate(const std::string& session_id, const std::strin
 // ---------------------------------------------------------------------------
 // RemoteRouteProvider
 
+namespace {
+
+// What one planning round learned from the nodes.
+struct Survey {
+  std::vector<std::optional<NodeInfo>> infos;  // parallel to the endpoints; empty: unreachable
+  std::vector<std::string> notes;              // why nodes are left out
+  bool denied = false;                         // some node refused our credentials
+
+  std::string WithNotes(std::string msg) const {
+    if (!notes.empty()) {
+      msg += " (";
+      for (size_t i = 0; i < notes.size(); ++i) msg += (i ? "; " : "") + notes[i];
+      msg += ")";
+    }
+    return msg;
+  }
+};
+
+// Asks every node for Info at once (no lock held across the calls).
+Survey AskAll(const std::vector<std::shared_ptr<RemoteEndpoint>>& endpoints) {
+  std::vector<std::future<NodeInfo>> futures;
+  futures.reserve(endpoints.size());
+  for (const auto& ep : endpoints) {
+    futures.push_back(std::async(std::launch::async, [ep] { return ep->InfoFull(); }));
+  }
+  Survey s;
+  s.infos.resize(endpoints.size());
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    try {
+      s.infos[i] = futures[i].get();
+    } catch (const Error& e) {
+      s.denied = s.denied || e.kind() == ErrorKind::kPermissionDenied;
+      s.notes.push_back(endpoints[i]->name() + " unreachable (" + e.what() + ")");
+    } catch (const std::exception& e) {
+      s.notes.push_back(endpoints[i]->name() + " unreachable (" + e.what() + ")");
+    }
+  }
+  return s;
+}
+
+// One model across the mesh: kInvalidArgument naming two nodes that differ.
+void CheckOneModel(const Survey& survey, const std::vector<size_t>& usable,
+                   const std::vector<std::shared_ptr<RemoteEndpoint>>& endpoints) {
+  const mesh::ShardInfo& ref = survey.infos[usable.front()]->shard;
+  for (size_t i : usable) {
+    const mesh::ShardInfo& s = survey.infos[i]->shard;
+    if (s.model_id != ref.model_id || s.architecture != ref.architecture ||
+        s.total_layers != ref.total_layers) {
+      ThrowInvalidArgument("nodes serve different models: " + endpoints[usable.front()]->name() +
+                           " serves " + ref.architecture + " model " + ref.model_id.substr(0, 16) +
+                           " (" + std::to_string(ref.total_layers) + " layers) but " +
+                           endpoints[i]->name() + " serves " + s.architecture + " model " +
+                           s.model_id.substr(0, 16) + " (" + std::to_string(s.total_layers) +
+                           " layers)");
+    }
+  }
+}
+
+}  // namespace
+
 struct RemoteRouteProvider::Impl {
   ClientOptions options;
   std::vector<std::shared_ptr<RemoteEndpoint>> endpoints;
@@ -266,8 +317,12 @@ struct RemoteRouteProvider::Impl {
     std::string dead_instance;  // instance id when it was marked dead
     std::string last_instance;  // from the latest Info
   };
-  std::mutex mu;
-  std::vector<NodeState> state;  // GUARDED_BY(mu), parallel to endpoints
+  Mutex mu;
+  std::vector<NodeState> state GUARDED_BY(mu);  // parallel to endpoints
+
+  // The surveyed nodes a plan may use (alive, or back; our protocol); notes
+  // why the others are left out.
+  std::vector<size_t> UsableLocked(Survey& survey) REQUIRES(mu);
 };
 
 RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses,
@@ -282,6 +337,7 @@ RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses
   for (auto& a : node_addresses) {
     impl_->endpoints.push_back(std::make_shared<RemoteEndpoint>(std::move(a), options));
   }
+  MutexLock lock(&impl_->mu);
   impl_->state.resize(impl_->endpoints.size());
 }
 
@@ -292,7 +348,7 @@ const std::vector<std::shared_ptr<RemoteEndpoint>>& RemoteRouteProvider::endpoin
 }
 
 void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   for (size_t i = 0; i < impl_->endpoints.size(); ++i) {
     if (impl_->endpoints[i].get() != &endpoint) continue;
     auto& st = impl_->state[i];
@@ -303,95 +359,59 @@ void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
   }
 }
 
-mesh::Route RemoteRouteProvider::Plan() {
-  Impl& m = *impl_;
-  const size_t n = m.endpoints.size();
-  // Ask every node at once (no lock held across the calls).
-  std::vector<std::future<NodeInfo>> futures;
-  futures.reserve(n);
-  for (const auto& ep : m.endpoints) {
-    futures.push_back(std::async(std::launch::async, [ep] { return ep->InfoFull(); }));
-  }
-  std::vector<std::optional<NodeInfo>> infos(n);
-  std::vector<std::string> notes;
-  bool denied = false;
-  for (size_t i = 0; i < n; ++i) {
-    try {
-      infos[i] = futures[i].get();
-    } catch (const Error& e) {
-      denied = denied || e.kind() == ErrorKind::kPermissionDenied;
-      notes.push_back(m.endpoints[i]->name() + " unreachable (" + e.what() + ")");
-    } catch (const std::exception& e) {
-      notes.push_back(m.endpoints[i]->name() + " unreachable (" + e.what() + ")");
-    }
-  }
-
+std::vector<size_t> RemoteRouteProvider::Impl::UsableLocked(Survey& survey) {
   std::vector<size_t> usable;
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-    const auto now = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < n; ++i) {
-      if (!infos[i]) continue;
-      auto& st = m.state[i];
-      st.last_instance = infos[i]->instance_id;
-      if (st.dead) {
-        const double dead_for = std::chrono::duration<double>(now - st.dead_since).count();
-        if (infos[i]->instance_id != st.dead_instance || dead_for >= m.options.dead_cooldown_s) {
-          st.dead = false;  // restarted, or cooled down
-          Log().info("event=node_back node={}", m.endpoints[i]->name());
-        } else {
-          notes.push_back(m.endpoints[i]->name() + " marked dead");
-          continue;
-        }
-      }
-      if (infos[i]->protocol_version != kProtocolVersion) {
-        notes.push_back(m.endpoints[i]->name() + " speaks protocol v" +
-                        std::to_string(infos[i]->protocol_version));
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    const std::optional<NodeInfo>& info = survey.infos[i];
+    if (!info) continue;
+    auto& st = state[i];
+    st.last_instance = info->instance_id;
+    if (st.dead) {
+      const double dead_for = std::chrono::duration<double>(now - st.dead_since).count();
+      if (info->instance_id != st.dead_instance || dead_for >= options.dead_cooldown_s) {
+        st.dead = false;  // restarted, or cooled down
+        Log().info("event=node_back node={}", endpoints[i]->name());
+      } else {
+        survey.notes.push_back(endpoints[i]->name() + " marked dead");
         continue;
       }
-      usable.push_back(i);
     }
+    if (info->protocol_version != kProtocolVersion) {
+      survey.notes.push_back(endpoints[i]->name() + " speaks protocol v" +
+                             std::to_string(info->protocol_version));
+      continue;
+    }
+    usable.push_back(i);
   }
-  auto with_notes = [&](std::string msg) {
-    if (!notes.empty()) {
-      msg += " (";
-      for (size_t i = 0; i < notes.size(); ++i) msg += (i ? "; " : "") + notes[i];
-      msg += ")";
-    }
-    return msg;
-  };
+  return usable;
+}
+
+mesh::Route RemoteRouteProvider::Plan() {
+  Impl& m = *impl_;
+  Survey survey = AskAll(m.endpoints);
+  std::vector<size_t> usable;
+  {
+    MutexLock lock(&m.mu);
+    usable = m.UsableLocked(survey);
+  }
   if (usable.empty()) {
     // A wrong token or certificate is a configuration error, not a dead mesh.
-    throw Error(denied ? ErrorKind::kPermissionDenied : ErrorKind::kUnavailable,
-                with_notes("no node is available"));
+    throw Error(survey.denied ? ErrorKind::kPermissionDenied : ErrorKind::kUnavailable,
+                survey.WithNotes("no node is available"));
   }
-
-  // One model across the mesh.
-  const mesh::ShardInfo& ref = infos[usable.front()]->shard;
-  for (size_t i : usable) {
-    const mesh::ShardInfo& s = infos[i]->shard;
-    if (s.model_id != ref.model_id || s.architecture != ref.architecture ||
-        s.total_layers != ref.total_layers) {
-      ThrowInvalidArgument("nodes serve different models: " + m.endpoints[usable.front()]->name() +
-                           " serves " + ref.architecture + " model " + ref.model_id.substr(0, 16) +
-                           " (" + std::to_string(ref.total_layers) + " layers) but " +
-                           m.endpoints[i]->name() + " serves " + s.architecture + " model " +
-                           s.model_id.substr(0, 16) + " (" + std::to_string(s.total_layers) +
-                           " layers)");
-    }
-  }
-
+  CheckOneModel(survey, usable, m.endpoints);
   std::vector<mesh::RouteCandidate> candidates;
   for (size_t i : usable) {
-    const mesh::ShardInfo& s = infos[i]->shard;
+    const mesh::ShardInfo& s = survey.infos[i]->shard;
     candidates.push_back(
         {m.endpoints[i]->name(), s.start_layer, s.end_layer, s.live_sessions, s.kv_bytes_free});
   }
   std::vector<size_t> picked;
   try {
-    picked = mesh::PlanRoute(candidates, ref.total_layers);
+    picked = mesh::PlanRoute(candidates, survey.infos[usable.front()]->shard.total_layers);
   } catch (const Error& e) {
-    throw Error(e.kind(), with_notes(e.what()));
+    throw Error(e.kind(), survey.WithNotes(e.what()));
   }
   mesh::Route route;
   for (size_t k : picked) route.hops.push_back(m.endpoints[usable[k]]);

@@ -87,7 +87,7 @@ kv::KvCacheRecipe LlamaShard::MakeRecipe(KvDtype kv_dtype) const {
 std::unique_ptr<LlamaShard::Workspace> LlamaShard::Acquire(int64_t n_tokens) const {
   std::unique_ptr<Workspace> ws;
   {
-    std::lock_guard<std::mutex> lock(ws_mu_);
+    MutexLock lock(&ws_mu_);
     if (!free_ws_.empty()) {
       ws = std::move(free_ws_.back());
       free_ws_.pop_back();
@@ -106,7 +106,7 @@ std::unique_ptr<LlamaShard::Workspace> LlamaShard::Acquire(int64_t n_tokens) con
 }
 
 void LlamaShard::Return(std::unique_ptr<Workspace> ws) const {
-  std::lock_guard<std::mutex> lock(ws_mu_);
+  MutexLock lock(&ws_mu_);
   free_ws_.push_back(std::move(ws));
 }
 

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
@@ -32,6 +31,7 @@
 #include "model/hparams.h"
 #include "model/weights.h"
 #include "shard/boundary.h"
+#include "util/mutex.h"
 
 namespace meshnet {
 class ThreadPool;
@@ -74,8 +74,8 @@ class LlamaShard {
   ShardRole role_;
   ThreadPool* pool_;
   std::vector<std::pair<GgmlType, int64_t>> matmul_shapes_;
-  mutable std::mutex ws_mu_;
-  mutable std::vector<std::unique_ptr<Workspace>> free_ws_;  // guarded by ws_mu_
+  mutable Mutex ws_mu_;
+  mutable std::vector<std::unique_ptr<Workspace>> free_ws_ GUARDED_BY(ws_mu_);
 };
 
 }  // namespace meshnet::shard

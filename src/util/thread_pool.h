@@ -58,7 +58,9 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
 
-  // Serializes pool-wide jobs; a caller that cannot take it runs inline.
+  // Serializes pool-wide jobs; a caller that cannot take it runs inline. The
+  // job fields below are written by its holder but read by workers without
+  // it (published through state_), so they are not GUARDED_BY it.
   std::mutex run_mu_;
 
   // The current job. Written by the owner of run_mu_ while no worker is joined
@@ -72,6 +74,9 @@ class ThreadPool {
   // (generation << 32) | kClosed bit | number of joined workers.
   std::atomic<uint64_t> state_{0};
   std::atomic<bool> stop_{false};  // set before the final generation bump
+  // wake_mu_ and done_mu_ guard no data (the state is in the atomics above):
+  // they only pair with their condition variables for sleeping, so they stay
+  // plain std::mutex (nothing for the thread-safety analysis to check).
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   std::mutex done_mu_;

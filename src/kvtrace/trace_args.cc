@@ -1,6 +1,6 @@
 // Python semantics of trace op arguments. Every rule here cites the reference
 // expression it reproduces (seed_replay.py and meshnet_node/hot_kv_state.py).
-#include "kv/trace_args.h"
+#include "kvtrace/trace_args.h"
 
 #include <cmath>
 #include <cstdio>
@@ -127,6 +127,25 @@ bool ReadGeometry(const JsonValue& v, Geometry* g, std::string* repr) {
       g->value = g->storable ? static_cast<int>(v.number) : 0;
   }
   return true;
+}
+
+// The reference's canonical recipe JSON (json.dumps(sort_keys=True,
+// separators=(",", ":"))), from the values' Python reprs.
+std::string CanonicalRecipe(std::string_view start, std::string_view end, std::string_view total,
+                            const std::string& heads, const std::string& dim, KvDtype dtype) {
+  std::string canonical = "{\"architecture_adapter\":\"llama\",\"boundary_schema_version\":1,";
+  canonical += "\"end_layer\":";
+  canonical += end;
+  canonical += ",\"head_dim\":" + dim;
+  canonical += ",\"kind\":\"hot-kv-recipe\",\"kv_dtype\":\"";
+  canonical += KvDtypeName(dtype);
+  canonical += "\",\"n_kv_heads\":" + heads;
+  canonical += ",\"start_layer\":";
+  canonical += start;
+  canonical += ",\"total_layers\":";
+  canonical += total;
+  canonical += "}";
+  return canonical;
 }
 
 }  // namespace
@@ -308,19 +327,8 @@ bool ParseTraceRecipe(const JsonDocument& doc, const JsonValue& obj, TraceRecipe
       CompareInt(*end, *total) >= 0) {
     return false;
   }
-  std::string canonical = "{\"architecture_adapter\":\"llama\",\"boundary_schema_version\":1,";
-  canonical += "\"end_layer\":";
-  canonical += end->text;
-  canonical += ",\"head_dim\":" + dim_repr;
-  canonical += ",\"kind\":\"hot-kv-recipe\",\"kv_dtype\":\"";
-  canonical += KvDtypeName(alias->dtype);
-  canonical += "\",\"n_kv_heads\":" + heads_repr;
-  canonical += ",\"start_layer\":";
-  canonical += start->text;
-  canonical += ",\"total_layers\":";
-  canonical += total->text;
-  canonical += "}";
-  out->fingerprint = Sha256Hex(canonical);
+  out->fingerprint = Sha256Hex(
+      CanonicalRecipe(start->text, end->text, total->text, heads_repr, dim_repr, alias->dtype));
 
   const int64_t int_max = std::numeric_limits<int>::max();
   const bool layers_fit = !total->big && total->integer <= int_max;  // start <= end < total

@@ -68,7 +68,15 @@ class JsonDocument {
     uint32_t next = 0;  // index + 1 of the next member of the same object, 0 = end
   };
   bool ParseValue(int depth, uint32_t* out);
+  bool ParseObject(int depth, uint32_t* out);  // at '{'
+  bool ParseArray(int depth, uint32_t* out);   // at '['
   bool ParseString(std::string_view* out);
+  // ParseString's slow path from in_[i], the first backslash of a string
+  // whose text starts at in_[start].
+  bool ParseEscapedString(size_t start, size_t i, std::string_view* out);
+  // Appends the character of the escape at in_[*i] (just after the
+  // backslash) to the arena; advances *i past it.
+  bool DecodeEscape(size_t* i);
   bool ParseNumber(uint32_t* out);
   void SkipWs();
   uint32_t NewValue(JsonType t);

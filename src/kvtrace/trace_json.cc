@@ -5,7 +5,7 @@
 // formatting follows repr() (shortest round-trip digits, exponent form when the
 // decimal exponent is < -4 or >= 16). Nothing here allocates per call once the
 // document's buffers have grown to the longest line.
-#include "kv/trace_json.h"
+#include "kvtrace/trace_json.h"
 
 #include <charconv>
 #include <cmath>
@@ -141,8 +141,32 @@ bool JsonDocument::ParseString(std::string_view* out) {
     ++i;
   }
   if (i >= in_.size()) return false;  // unterminated
+  return ParseEscapedString(start, i, out);
+}
+
+bool JsonDocument::ParseEscapedString(size_t start, size_t i, std::string_view* out) {
   const size_t arena_start = arena_.size();
   arena_.append(in_.data() + start, i - start);
+  while (true) {
+    if (i >= in_.size()) return false;
+    const unsigned char c = static_cast<unsigned char>(in_[i]);
+    if (c == '"') break;
+    if (c < 0x20) return false;
+    if (c != '\\') {
+      arena_.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    ++i;
+    if (!DecodeEscape(&i)) return false;
+  }
+  pos_ = i + 1;
+  *out = std::string_view(arena_.data() + arena_start, arena_.size() - arena_start);
+  return true;
+}
+
+bool JsonDocument::DecodeEscape(size_t* pi) {
+  size_t& i = *pi;
   auto read_hex4 = [&](size_t at, uint32_t* v) {
     if (at + 4 > in_.size()) return false;
     uint32_t r = 0;
@@ -154,68 +178,55 @@ bool JsonDocument::ParseString(std::string_view* out) {
     *v = r;
     return true;
   };
-  while (true) {
-    if (i >= in_.size()) return false;
-    const unsigned char c = static_cast<unsigned char>(in_[i]);
-    if (c == '"') break;
-    if (c < 0x20) return false;
-    if (c != '\\') {
-      arena_.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    if (i + 1 >= in_.size()) return false;
-    const char e = in_[i + 1];
-    i += 2;
-    switch (e) {
-      case '"':
-        arena_.push_back('"');
-        break;
-      case '\\':
-        arena_.push_back('\\');
-        break;
-      case '/':
-        arena_.push_back('/');
-        break;
-      case 'b':
-        arena_.push_back('\b');
-        break;
-      case 'f':
-        arena_.push_back('\f');
-        break;
-      case 'n':
-        arena_.push_back('\n');
-        break;
-      case 'r':
-        arena_.push_back('\r');
-        break;
-      case 't':
-        arena_.push_back('\t');
-        break;
-      case 'u': {
-        uint32_t cp;
-        if (!read_hex4(i, &cp)) return false;
-        i += 4;
-        // A high surrogate followed by "\u" + low surrogate is one character;
-        // otherwise each escape stands alone (a lone surrogate), as in CPython.
-        if (cp >= 0xD800 && cp <= 0xDBFF && i + 1 < in_.size() && in_[i] == '\\' &&
-            in_[i + 1] == 'u') {
-          uint32_t lo;
-          if (!read_hex4(i + 2, &lo)) return false;
-          if (lo >= 0xDC00 && lo <= 0xDFFF) {
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            i += 6;
-          }
+  if (i >= in_.size()) return false;
+  const char e = in_[i];
+  i += 1;
+  switch (e) {
+    case '"':
+      arena_.push_back('"');
+      break;
+    case '\\':
+      arena_.push_back('\\');
+      break;
+    case '/':
+      arena_.push_back('/');
+      break;
+    case 'b':
+      arena_.push_back('\b');
+      break;
+    case 'f':
+      arena_.push_back('\f');
+      break;
+    case 'n':
+      arena_.push_back('\n');
+      break;
+    case 'r':
+      arena_.push_back('\r');
+      break;
+    case 't':
+      arena_.push_back('\t');
+      break;
+    case 'u': {
+      uint32_t cp;
+      if (!read_hex4(i, &cp)) return false;
+      i += 4;
+      // A high surrogate followed by "\u" + low surrogate is one character;
+      // otherwise each escape stands alone (a lone surrogate), as in CPython.
+      if (cp >= 0xD800 && cp <= 0xDBFF && i + 1 < in_.size() && in_[i] == '\\' &&
+          in_[i + 1] == 'u') {
+        uint32_t lo;
+        if (!read_hex4(i + 2, &lo)) return false;
+        if (lo >= 0xDC00 && lo <= 0xDFFF) {
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          i += 6;
         }
-        AppendUtf8(cp, &arena_);
-        break;
       }
-      default:
-        return false;
+      AppendUtf8(cp, &arena_);
+      break;
     }
+    default:
+      return false;
   }
-  pos_ = i + 1;
-  *out = std::string_view(arena_.data() + arena_start, arena_.size() - arena_start);
   return true;
 }
 
@@ -290,69 +301,10 @@ bool JsonDocument::ParseValue(int depth, uint32_t* out) {
       values_[*out].text = s;
       return true;
     }
-    case '{': {
-      if (depth >= kMaxDepth) return false;
-      const uint32_t obj = NewValue(JsonType::kObject);
-      *out = obj;
-      ++pos_;
-      SkipWs();
-      if (pos_ < in_.size() && in_[pos_] == '}') {
-        ++pos_;
-        return true;
-      }
-      uint32_t last = 0;
-      while (true) {
-        if (pos_ >= in_.size() || in_[pos_] != '"') return false;
-        std::string_view key;
-        if (!ParseString(&key)) return false;
-        SkipWs();
-        if (pos_ >= in_.size() || in_[pos_] != ':') return false;
-        ++pos_;
-        SkipWs();
-        uint32_t value;
-        if (!ParseValue(depth + 1, &value)) return false;
-        members_.push_back(Member{key, value, 0});
-        const uint32_t m = static_cast<uint32_t>(members_.size());
-        if (last == 0) {
-          values_[obj].first_member = m;
-        } else {
-          members_[last - 1].next = m;
-        }
-        last = m;
-        SkipWs();
-        if (pos_ >= in_.size()) return false;
-        if (in_[pos_] == '}') {
-          ++pos_;
-          return true;
-        }
-        if (in_[pos_] != ',') return false;
-        ++pos_;
-        SkipWs();
-      }
-    }
-    case '[': {
-      if (depth >= kMaxDepth) return false;
-      *out = NewValue(JsonType::kArray);
-      ++pos_;
-      SkipWs();
-      if (pos_ < in_.size() && in_[pos_] == ']') {
-        ++pos_;
-        return true;
-      }
-      while (true) {
-        uint32_t element;
-        if (!ParseValue(depth + 1, &element)) return false;
-        SkipWs();
-        if (pos_ >= in_.size()) return false;
-        if (in_[pos_] == ']') {
-          ++pos_;
-          return true;
-        }
-        if (in_[pos_] != ',') return false;
-        ++pos_;
-        SkipWs();
-      }
-    }
+    case '{':
+      return ParseObject(depth, out);
+    case '[':
+      return ParseArray(depth, out);
     case 'n':
       if (!literal("null")) return false;
       *out = NewValue(JsonType::kNull);
@@ -384,6 +336,71 @@ bool JsonDocument::ParseValue(int depth, uint32_t* out) {
       return ParseNumber(out);
     default:
       return ParseNumber(out);
+  }
+}
+
+bool JsonDocument::ParseObject(int depth, uint32_t* out) {
+  if (depth >= kMaxDepth) return false;
+  const uint32_t obj = NewValue(JsonType::kObject);
+  *out = obj;
+  ++pos_;
+  SkipWs();
+  if (pos_ < in_.size() && in_[pos_] == '}') {
+    ++pos_;
+    return true;
+  }
+  uint32_t last = 0;
+  while (true) {
+    if (pos_ >= in_.size() || in_[pos_] != '"') return false;
+    std::string_view key;
+    if (!ParseString(&key)) return false;
+    SkipWs();
+    if (pos_ >= in_.size() || in_[pos_] != ':') return false;
+    ++pos_;
+    SkipWs();
+    uint32_t value;
+    if (!ParseValue(depth + 1, &value)) return false;
+    members_.push_back(Member{key, value, 0});
+    const uint32_t m = static_cast<uint32_t>(members_.size());
+    if (last == 0) {
+      values_[obj].first_member = m;
+    } else {
+      members_[last - 1].next = m;
+    }
+    last = m;
+    SkipWs();
+    if (pos_ >= in_.size()) return false;
+    if (in_[pos_] == '}') {
+      ++pos_;
+      return true;
+    }
+    if (in_[pos_] != ',') return false;
+    ++pos_;
+    SkipWs();
+  }
+}
+
+bool JsonDocument::ParseArray(int depth, uint32_t* out) {
+  if (depth >= kMaxDepth) return false;
+  *out = NewValue(JsonType::kArray);
+  ++pos_;
+  SkipWs();
+  if (pos_ < in_.size() && in_[pos_] == ']') {
+    ++pos_;
+    return true;
+  }
+  while (true) {
+    uint32_t element;
+    if (!ParseValue(depth + 1, &element)) return false;
+    SkipWs();
+    if (pos_ >= in_.size()) return false;
+    if (in_[pos_] == ']') {
+      ++pos_;
+      return true;
+    }
+    if (in_[pos_] != ',') return false;
+    ++pos_;
+    SkipWs();
   }
 }
 
