@@ -11,7 +11,7 @@ PKGS=(
   libssl-dev openssl
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev
-  libhwy-dev
+  libhwy-dev libpcre2-dev
   python3-numpy python3-jinja2
   libcpp-httplib-dev curl chromium
 )
