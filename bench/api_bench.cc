@@ -24,6 +24,7 @@
 #include "api/server.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
+#include "node/layer_range.h"
 #include "util/thread_pool.h"
 
 namespace {
@@ -32,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 using meshnet::api::ApiServer;
 using meshnet::api::Engine;
 namespace mesh = meshnet::mesh;
+namespace node = meshnet::node;
 
 constexpr int kTokens = 128;
 const char* kPrompt = "Once upon a time";
@@ -51,7 +53,7 @@ struct Fixture {
     file = std::make_shared<const meshnet::gguf::GgufFile>(
         meshnet::gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
     mesh::InProcessMeshOptions mo;
-    mo.split = mesh::EvenSplit(3, 5);
+    mo.split = node::EvenSplit(3, 5);
     mo.kv_config.max_sessions = 32;  // as `meshnet api --max-concurrent 32`
     mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
     meshnet::api::EngineOptions eo{"stories260K", 512, 32, 64};
@@ -150,7 +152,7 @@ double Percentile(std::vector<double> v, double p) {
 
 void BM_ApiVsGenerate(benchmark::State& state) {
   Fixture& f = F();
-  const auto prompt_ids = f.engine->Tokenize(kPrompt, true);
+  const auto prompt_ids = f.engine->Tokenize(kPrompt, true, false);
   mesh::GenerateOptions options;
   options.max_tokens = kTokens;
   options.eos_id = f.engine->tokenizer().eos_id();

@@ -6,6 +6,7 @@
 #include "api/api_error.h"
 #include "api/handlers.h"
 #include "mesh/generator.h"
+#include "node/identity.h"
 
 namespace meshnet::api {
 namespace {
@@ -161,7 +162,7 @@ void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Resp
   auto slot = std::make_unique<AdmissionSlot>(&engine.admission());
   ResponseHead head;
   head.chat = chat;
-  head.id = (chat ? "chatcmpl-" : "cmpl-") + mesh::RandomId128().substr(0, 24);
+  head.id = (chat ? "chatcmpl-" : "cmpl-") + node::RandomId128().substr(0, 24);
   head.created = static_cast<int64_t>(std::time(nullptr));
   head.model = engine.options().model_name;
   head.include_usage = r.include_usage;

@@ -21,6 +21,7 @@
 #include "api/engine.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
+#include "node/layer_range.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -45,7 +46,7 @@ struct TestServer {
     auto file = std::make_shared<const gguf::GgufFile>(
         gguf::GgufFile::Open(std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf"));
     mesh::InProcessMeshOptions mo;
-    mo.split = mesh::EvenSplit(3, 5);
+    mo.split = node::EvenSplit(3, 5);
     mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
     ProviderFactory factory;
     if (with_route) {

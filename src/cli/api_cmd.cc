@@ -16,11 +16,13 @@
 #include "api/engine.h"
 #include "api/server.h"
 #include "cli/command.h"
+#include "cli/common.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/hparams.h"
 #include "model/tokenizer.h"
+#include "node/layer_range.h"
 #include "util/error.h"
 #include "util/sizes.h"
 #include "util/thread_pool.h"
@@ -56,12 +58,6 @@ struct ApiFlags {
   std::string chat_template;
   double grace_s = 10.0;
 };
-
-std::string DefaultModelPath() {
-  const std::filesystem::path local = "models/stories260K.gguf";
-  if (std::filesystem::exists(local)) return local.string();
-  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
-}
 
 std::pair<std::string, int> ParseListen(const std::string& s) {
   const size_t colon = s.rfind(':');
@@ -121,7 +117,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
     mo.split =
-        f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
+        f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtype(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     // Every admitted generation holds a session on every shard.
