@@ -399,6 +399,12 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
       {"false",
        [](Interpreter&, const Value& v, CallArgs&) { return v.is_bool() && !v.as_bool(); }},
       {"callable", [](Interpreter&, const Value& v, CallArgs&) { return v.is_callable(); }},
+      // Python `is`: identity; for the singletons none/true/false that is same kind and value.
+      {"sameas",
+       [](Interpreter&, const Value& v, CallArgs& a) {
+         const Value* o = Arg(a, 0, "other");
+         return o != nullptr && o->kind() == v.kind() && v.Equals(*o);
+       }},
       {"odd",
        [](Interpreter&, const Value& v, CallArgs&) { return v.is_int() && v.as_int() % 2 != 0; }},
       {"even",
@@ -418,10 +424,10 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
 
 const char* CompareTestOp(std::string_view name) {
   static const std::pair<const char*, const char*> kOps[] = {
-      {"equalto", "=="}, {"eq", "=="}, {"==", "=="},         {"sameas", "=="}, {"ne", "!="},
-      {"!=", "!="},      {"lt", "<"},  {"lessthan", "<"},    {"<", "<"},       {"le", "<="},
-      {"<=", "<="},      {"gt", ">"},  {"greaterthan", ">"}, {">", ">"},       {"ge", ">="},
-      {">=", ">="},      {"in", "in"}};
+      {"equalto", "=="}, {"eq", "=="}, {"==", "=="},      {"ne", "!="},
+      {"!=", "!="},      {"lt", "<"},  {"lessthan", "<"}, {"<", "<"},
+      {"le", "<="},      {"<=", "<="}, {"gt", ">"},       {"greaterthan", ">"},
+      {">", ">"},        {"ge", ">="}, {">=", ">="},      {"in", "in"}};
   for (const auto& [n, op] : kOps) {
     if (name == n) return op;
   }

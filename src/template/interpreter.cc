@@ -1,5 +1,7 @@
 #include "template/interpreter.h"
 
+#include <algorithm>
+#include <climits>
 #include <memory>
 
 namespace meshnet::jinja {
@@ -91,30 +93,9 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, Frame& frame, std::string
     case Stmt::Type::kMacro:
       DefineMacro(s, frame);
       break;
-    case Stmt::Type::kCallBlock: {
-      const Stmt* block = &s;
-      Frame* defining = &frame;
-      auto caller = std::make_shared<Callable>(
-          Callable{"caller", [this, block, defining](Interpreter&, CallArgs& args) -> Value {
-                     Frame f{{}, defining};
-                     for (size_t i = 0; i < block->params.size(); ++i) {
-                       const Value* v = args.Get(i, block->params[i].first);
-                       f.Set(block->params[i].first, v ? *v
-                                                     : block->params[i].second
-                                                         ? Eval(*block->params[i].second, f)
-                                                         : Value());
-                     }
-                     std::string text;
-                     Exec(block->body, f, text);
-                     return Value(std::move(text));
-                   }});
-      const Expr& call = *s.expr;
-      Value callee = Eval(*call.args[0], frame);
-      CallArgs args = EvalArgs(call, frame, 1);
-      args.keywords.emplace_back("caller", Value(std::shared_ptr<const Callable>(caller)));
-      Write(out, Call(callee, args).Str());
+    case Stmt::Type::kCallBlock:
+      ExecCallBlock(s, frame, out);
       break;
-    }
     case Stmt::Type::kBreak:
       return Flow::kBreak;
     case Stmt::Type::kContinue:
@@ -123,6 +104,31 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, Frame& frame, std::string
       return Exec(s.body, frame, out);
   }
   return Flow::kNormal;
+}
+
+// {% call(params) macro(args) %}body{% endcall %}: the macro gets `caller`, which renders body.
+void Interpreter::ExecCallBlock(const Stmt& s, Frame& frame, std::string& out) {
+  const Stmt* block = &s;
+  Frame* defining = &frame;
+  auto caller = std::make_shared<Callable>(
+      Callable{"caller", [this, block, defining](Interpreter&, CallArgs& args) -> Value {
+                 Frame f{{}, defining};
+                 for (size_t i = 0; i < block->params.size(); ++i) {
+                   const Value* v = args.Get(i, block->params[i].first);
+                   f.Set(block->params[i].first, v ? *v
+                                                 : block->params[i].second
+                                                     ? Eval(*block->params[i].second, f)
+                                                     : Value());
+                 }
+                 std::string text;
+                 Exec(block->body, f, text);
+                 return Value(std::move(text));
+               }});
+  const Expr& call = *s.expr;
+  Value callee = Eval(*call.args[0], frame);
+  CallArgs args = EvalArgs(call, frame, 1);
+  args.keywords.emplace_back("caller", Value(std::shared_ptr<const Callable>(caller)));
+  Write(out, Call(callee, args).Str());
 }
 
 void Interpreter::Assign(Frame& frame, const std::vector<std::string>& targets,
@@ -311,6 +317,39 @@ Value Interpreter::EvalCall(const Expr& e, Frame& frame) {
   return Call(fn, args);
 }
 
+Value Interpreter::EvalDict(const Expr& e, Frame& frame) {
+  Dict dict;
+  for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+    Value key = Eval(*e.args[i], frame);
+    if (!key.is_string()) ThrowRuntime("only string keys are supported in dict literals");
+    Value v = Eval(*e.args[i + 1], frame);
+    auto it = std::find_if(dict.begin(), dict.end(),
+                           [&](const auto& kv) { return kv.first == key.as_string(); });
+    if (it != dict.end()) {
+      it->second = std::move(v);
+    } else {
+      dict.emplace_back(key.as_string(), std::move(v));
+    }
+  }
+  return Value(std::move(dict));
+}
+
+namespace {
+
+Value UnaryOp(const std::string& op, const Value& v) {
+  if (op == "not") return Value(!v.Truthy());
+  if (v.is_undefined()) ThrowRuntime(v.undefined_hint());
+  if (v.is_int() || v.is_bool()) {
+    int64_t i = v.is_bool() ? v.as_bool() : v.as_int();
+    if (op == "-" && i == INT64_MIN) ThrowRuntime("integer overflow in unary -");
+    return Value(op == "-" ? -i : i);
+  }
+  if (v.is_float()) return Value(op == "-" ? -v.as_float() : v.as_float());
+  ThrowRuntime("bad operand type for unary " + op + ": '" + v.TypeName() + "'");
+}
+
+}  // namespace
+
 Value Interpreter::Eval(const Expr& e, Frame& frame) {
   Step();
   DepthGuard guard(this);
@@ -324,23 +363,8 @@ Value Interpreter::Eval(const Expr& e, Frame& frame) {
       for (const ExprPtr& a : e.args) list.push_back(Eval(*a, frame));
       return e.name == "tuple" ? Value::Tuple(std::move(list)) : Value(std::move(list));
     }
-    case Expr::Type::kDict: {
-      Dict dict;
-      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-        Value key = Eval(*e.args[i], frame);
-        if (!key.is_string()) ThrowRuntime("only string keys are supported in dict literals");
-        Value v = Eval(*e.args[i + 1], frame);
-        bool replaced = false;
-        for (auto& [k, old] : dict) {
-          if (k == key.as_string()) {
-            old = v;
-            replaced = true;
-          }
-        }
-        if (!replaced) dict.emplace_back(key.as_string(), std::move(v));
-      }
-      return Value(std::move(dict));
-    }
+    case Expr::Type::kDict:
+      return EvalDict(e, frame);
     case Expr::Type::kAttr:
       return GetAttr(Eval(*e.args[0], frame), e.name);
     case Expr::Type::kItem:
@@ -362,17 +386,8 @@ Value Interpreter::Eval(const Expr& e, Frame& frame) {
       CallArgs args = EvalArgs(e, frame, 1);
       return Value(ApplyTest(*this, e.name, input, args));
     }
-    case Expr::Type::kUnary: {
-      Value v = Eval(*e.args[0], frame);
-      if (e.name == "not") return Value(!v.Truthy());
-      if (v.is_undefined()) ThrowRuntime(v.undefined_hint());
-      if (v.is_int() || v.is_bool()) {
-        int64_t i = v.is_bool() ? v.as_bool() : v.as_int();
-        return Value(e.name == "-" ? -i : i);
-      }
-      if (v.is_float()) return Value(e.name == "-" ? -v.as_float() : v.as_float());
-      ThrowRuntime("bad operand type for unary " + e.name + ": '" + v.TypeName() + "'");
-    }
+    case Expr::Type::kUnary:
+      return UnaryOp(e.name, Eval(*e.args[0], frame));
     case Expr::Type::kBinary:
       return BinaryOp(*this, e.name, Eval(*e.args[0], frame), Eval(*e.args[1], frame));
     case Expr::Type::kAnd: {

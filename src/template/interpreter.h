@@ -48,6 +48,7 @@ class Interpreter {
   void ExecFor(const Stmt& s, Frame& frame, std::string& out);
   void ExecSet(const Stmt& s, Frame& frame, std::string& out);
   void DefineMacro(const Stmt& s, Frame& frame);
+  void ExecCallBlock(const Stmt& s, Frame& frame, std::string& out);
   Value CallMacro(const Stmt& macro, CallArgs& args, const Value& caller);
   void Write(std::string& out, std::string_view text) const;
   void Assign(Frame& frame, const std::vector<std::string>& targets, const Value& v) const;
@@ -55,7 +56,7 @@ class Interpreter {
   Value Eval(const Expr& e, Frame& frame);
   Value EvalName(const Expr& e, Frame& frame);
   Value EvalCall(const Expr& e, Frame& frame);
-  Value EvalBinary(const Expr& e, Frame& frame);
+  Value EvalDict(const Expr& e, Frame& frame);
   CallArgs EvalArgs(const Expr& e, Frame& frame, size_t first);
 
   const ChatTemplateOptions& opts_;

@@ -395,6 +395,7 @@ class Parser {
   }
 
   ExprPtr ParsePrimary();
+  ExprPtr ParseCollection();
   ExprPtr ParsePostfix(ExprPtr node);
   ExprPtr ParseSubscript(ExprPtr node);
   ExprPtr ParseFilters(ExprPtr node);
@@ -448,10 +449,14 @@ ExprPtr Parser::ParsePrimary() {
       return e;
     }
     case TokenKind::kOp:
-      break;
+      return ParseCollection();
     default:
       Fail("unexpected " + Describe(tok));
   }
+}
+
+// ( tuple or parenthesized ), [ list ], { dict }.
+ExprPtr Parser::ParseCollection() {
   if (SkipOp("(")) {
     if (SkipOp(")")) return Node(Expr::Type::kList, "tuple");  // empty tuple
     ExprPtr first = ParseExpr();
@@ -485,7 +490,7 @@ ExprPtr Parser::ParsePrimary() {
     }
     return dict;
   }
-  Fail("unexpected " + Describe(tok));
+  Fail("unexpected " + Describe(Cur()));
 }
 
 ExprPtr Parser::ParsePostfix(ExprPtr node) {
