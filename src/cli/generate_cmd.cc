@@ -1,7 +1,6 @@
 // meshnet generate: text generation over a route of shards, in-process by
 // default or over gRPC nodes with --nodes.
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,6 +8,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
@@ -44,20 +44,18 @@ struct GenerateFlags {
   std::string tls_key;
   double timeout_s = 30.0;
   bool no_bos = false;
+  std::string in_process_flags;  // in-process-only flags given, e.g. "--split"
 };
-
-std::string DefaultModelPath() {
-  const std::filesystem::path local = "models/stories260K.gguf";
-  if (std::filesystem::exists(local)) return local.string();
-  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
-}
 
 int RunGenerate(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
-  if (f.max_tokens < 0) ThrowInvalidArgument("--max-tokens must be >= 0");
-  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0");
+  if (!f.nodes.empty() && !f.in_process_flags.empty()) {
+    ThrowInvalidArgument(f.in_process_flags +
+                         " set the in-process shards; with --nodes each node has its own "
+                         "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads)");
+  }
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
   const model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
@@ -81,7 +79,7 @@ int RunGenerate(const GenerateFlags& f) {
     mesh::InProcessMeshOptions mo;
     mo.split =
         f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtype(f.kv_dtype);
+    mo.kv_dtype = ParseKvDtypeFlag("--kv-dtype", f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
     const int threads =
@@ -97,6 +95,7 @@ int RunGenerate(const GenerateFlags& f) {
     co.tls_cert = f.tls_cert;
     co.tls_key = f.tls_key;
     co.timeout_s = f.timeout_s;
+    co.expected_model_id = mesh::ModelIdentity(*file);  // the tokenizer's model
     co.Validate();
     provider = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
 #else
@@ -146,28 +145,34 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
        sub->add_option("--model,-m", f->model,
                        "GGUF model file (default: models/stories260K.gguf)");
-       sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
-           ->capture_default_str()
-           ->check(CLI::PositiveNumber);
-       sub->add_option("--split", f->split,
-                       "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
+       auto* shards =
+           sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
+               ->capture_default_str()
+               ->check(IntRange(1, kMaxShards));
+       auto* split = sub->add_option(
+           "--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
        sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(0, kMaxGenerateTokens));
        sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")
            ->capture_default_str();
        sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(0, 1 << 30));
        sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")
            ->capture_default_str();
        sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")
            ->capture_default_str();
-       sub->add_option("--kv-budget", f->kv_budget,
-                       "KV byte budget per in-process shard, e.g. 64MiB")
-           ->capture_default_str();
-       sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
-           ->capture_default_str();
-       sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-           ->capture_default_str();
+       auto* budget = sub->add_option("--kv-budget", f->kv_budget,
+                                      "KV byte budget per in-process shard, e.g. 64MiB")
+                          ->capture_default_str();
+       auto* dtype = sub->add_option("--kv-dtype", f->kv_dtype,
+                                     "KV cache dtype of the in-process shards: float32, float16 "
+                                     "or bfloat16 (or f32, f16, bf16)")
+                         ->capture_default_str();
+       auto* threads = sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+                           ->capture_default_str()
+                           ->check(IntRange(0, kMaxThreads));
        sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
        sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
@@ -175,9 +180,16 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
        sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
        sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
-       sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")
+       sub->add_option("--timeout", f->timeout_s,
+                       "Per-call deadline in seconds for --nodes (at most a year is used)")
            ->capture_default_str();
-       sub->callback([f, exit_code] { *exit_code = RunGenerate(*f); });
+       sub->callback([=] {
+         for (const CLI::Option* o : {shards, split, budget, dtype, threads}) {
+           if (o->count() == 0) continue;
+           f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
+         }
+         *exit_code = RunGenerate(*f);
+       });
      }});
 
 }  // namespace

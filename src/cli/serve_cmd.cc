@@ -5,18 +5,19 @@
 // The first line on stdout is "listening on HOST:PORT" (the bound port when
 // --listen asks for port 0); with --metrics-listen the second is
 // "metrics on HOST:PORT". Logs go to stderr. SIGINT/SIGTERM stop accepting
-// calls and let in-flight steps finish (up to --grace seconds).
+// calls and let in-flight steps finish (up to --grace seconds); before the
+// node serves, or a second time, they end the process at once.
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
 #include "mesh/in_process.h"
@@ -26,6 +27,7 @@
 #include "shard/llama_shard.h"
 #include "util/error.h"
 #include "util/sizes.h"
+#include "util/stop_signals.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::cli {
@@ -51,25 +53,23 @@ struct ServeFlags {
   std::string log_level = "info";
 };
 
-std::string DefaultModelPath() {
-  const std::filesystem::path local = "models/stories260K.gguf";
-  if (std::filesystem::exists(local)) return local.string();
-  return std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf";
-}
-
-KvDtype ParseDtypeFlag(const std::string& s) {
-  if (s == "f32" || s == "fp32") return KvDtype::kF32;
-  if (s == "f16" || s == "fp16") return KvDtype::kF16;
-  if (s == "bf16") return KvDtype::kBF16;
-  try {
-    return ParseKvDtype(s);
-  } catch (const Error&) {
-    ThrowInvalidArgument(
-        "--kv-dtype must be float32, float16 or bfloat16 (or f32, f16, bf16); got '" + s + "'");
+// One block of `block_tokens` positions must fit the byte budget, or every
+// step would be refused: say so at start.
+void CheckBlockFitsBudget(const kv::KvCacheRecipe& recipe, const kv::HotKvStateConfig& c) {
+  const int64_t per_token = recipe.BytesPerToken();
+  if (per_token > 0 && c.block_tokens > c.budget_bytes / per_token) {
+    ThrowInvalidArgument("--block-tokens " + std::to_string(c.block_tokens) + ": one KV block of " +
+                         "this shard needs " + std::to_string(c.block_tokens) + " x " +
+                         std::to_string(per_token) + " bytes, more than --kv-budget " +
+                         FormatByteSize(c.budget_bytes) + "; lower --block-tokens (at most " +
+                         std::to_string(c.budget_bytes / per_token) + ") or raise --kv-budget");
   }
 }
 
 int RunServe(const ServeFlags& f) {
+  // First, before any thread starts: SIGINT/SIGTERM end the process at any
+  // time, and drain it gracefully once it serves (util/stop_signals.h).
+  StopSignals stop;
   // Logs: stderr, one line per event, key=value fields.
   auto logger = spdlog::stderr_color_mt("meshnet");
   spdlog::set_default_logger(logger);
@@ -82,15 +82,16 @@ int RunServe(const ServeFlags& f) {
 
   if (f.layers.empty()) ThrowInvalidArgument("--layers A-B is required");
   const mesh::LayerRange range = mesh::ParseLayerRange(f.layers);
-  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0 (0 = all cores)");
-  if (!(f.grace_s >= 0)) ThrowInvalidArgument("--grace must be >= 0 seconds");
+  if (!(f.grace_s >= 0 && f.grace_s <= 3600)) {
+    ThrowInvalidArgument("--grace must be in [0, 3600] seconds");
+  }
   kv::HotKvStateConfig kv_config;
   kv_config.budget_bytes = ParseByteSize(f.kv_budget);
   kv_config.max_sessions = f.max_sessions;
   kv_config.ttl_seconds = f.ttl_s;
   kv_config.block_tokens = f.block_tokens;
   kv_config.Validate();
-  const KvDtype kv_dtype = ParseDtypeFlag(f.kv_dtype);
+  const KvDtype kv_dtype = ParseKvDtypeFlag("--kv-dtype", f.kv_dtype);
 
   rpc::NodeServerOptions options;
   options.listen = f.listen;
@@ -105,21 +106,15 @@ int RunServe(const ServeFlags& f) {
   options.max_rpc_threads = f.rpc_threads;
   options.Validate();
 
-  // SIGINT/SIGTERM are taken by sigwait below; block them before any thread
-  // (pool, gRPC) starts so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
   const model::LlamaHParams hp = model::LlamaHParams::FromGguf(*file);
   hp.ValidateLayerRange(range.first, range.second);
   ThreadPool pool(f.threads);
   shard::LlamaShard shard(file, range.first, range.second, &pool);
-  kv::HotKvStateManager manager(shard.MakeRecipe(kv_dtype), kv_config);
+  const kv::KvCacheRecipe recipe = shard.MakeRecipe(kv_dtype);
+  CheckBlockFitsBudget(recipe, kv_config);
+  kv::HotKvStateManager manager(recipe, kv_config);
   shard::KvBoundaryAdapter adapter(&shard, &manager);
   rpc::NodeServer server(&adapter, mesh::ModelIdentity(*file), options);
   server.Start();
@@ -134,8 +129,8 @@ int RunServe(const ServeFlags& f) {
       model_path, range.first, range.second, hp.n_layers, FormatByteSize(kv_config.budget_bytes),
       KvDtypeName(kv_dtype), kv_config.block_tokens, kv_config.max_sessions, pool.num_threads());
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  stop.Arm();
+  const int sig = stop.Wait();
   spdlog::info("event=stopping signal={} grace_s={}", sig == SIGINT ? "SIGINT" : "SIGTERM",
                f.grace_s);
   server.Shutdown(f.grace_s);
@@ -156,15 +151,19 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
            ->capture_default_str();
        sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(1, kMaxSessions));
        sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
            ->capture_default_str();
        sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
            ->capture_default_str();
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-           ->capture_default_str();
-       sub->add_option("--block-tokens", f->block_tokens, "Positions per KV block")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(0, kMaxThreads));
+       sub->add_option("--block-tokens", f->block_tokens,
+                       "Positions per KV block (one block must fit --kv-budget)")
+           ->capture_default_str()
+           ->check(IntRange(1, kMaxBlockTokens));
        sub->add_option("--metrics-listen", f->metrics_listen,
                        "host:port for Prometheus /metrics (port 0: pick a free one)");
        sub->add_option("--auth-token", f->auth_token,
@@ -175,7 +174,8 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
            ->capture_default_str();
        sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(2, kMaxRpcThreads));
        sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
            ->capture_default_str();
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });

@@ -30,6 +30,9 @@ struct ClientOptions {
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;
+  // When set: Plan refuses nodes whose model identity (mesh::ModelIdentity)
+  // differs, e.g. the model the client's tokenizer was read from.
+  std::string expected_model_id;
 
   // Throws Error(kInvalidArgument) naming the bad field (timeouts > 0,
   // retries >= 0, cert and key given together, key or cert without CA...).

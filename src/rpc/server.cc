@@ -9,10 +9,14 @@
 #include <prometheus/exposer.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
@@ -27,6 +31,8 @@ namespace meshnet::rpc {
 namespace {
 
 constexpr int kMaxMessageBytes = 1 << 30;
+constexpr int kMetricsThreads = 8;
+constexpr int kMetricsRequestTimeoutMs = 3000;
 
 // "host:port" -> host ("[::1]:0" -> "[::1]").
 std::string HostOf(const std::string& address) {
@@ -116,6 +122,13 @@ class MeshNodeService final : public pb::MeshNode::Service {
 }  // namespace
 
 std::string ReadPemFile(const std::string& path, const char* what) {
+  // Not a regular file (a FIFO would block the open, a directory reads as
+  // nothing): refused before opening.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path +
+                         "': not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path + "'");
   std::ostringstream ss;
@@ -176,6 +189,9 @@ void NodeServer::Start() {
   int port = 0;
   builder.AddListeningPort(m.options.listen, creds, &port);
   builder.RegisterService(&m.service);
+  // gRPC sets SO_REUSEPORT by default: a second node on the same port would
+  // bind too and take a share of this one's connections. Off: it fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   grpc::ResourceQuota quota("meshnet-node");
@@ -192,7 +208,12 @@ void NodeServer::Start() {
 
   if (!m.options.metrics_listen.empty()) {
     try {
-      m.exposer = std::make_unique<prometheus::Exposer>(m.options.metrics_listen);
+      // civetweb's defaults (2 threads, 30 s read timeout) let two half-open
+      // requests block /metrics for 30 s: more threads, a short timeout.
+      m.exposer = std::make_unique<prometheus::Exposer>(
+          std::vector<std::string>{"listening_ports", m.options.metrics_listen, "num_threads",
+                                   std::to_string(kMetricsThreads), "request_timeout_ms",
+                                   std::to_string(kMetricsRequestTimeoutMs)});
     } catch (const std::exception& e) {
       Shutdown(0);
       throw Error(ErrorKind::kUnavailable,
@@ -225,7 +246,8 @@ void NodeServer::Shutdown(double grace_seconds) {
     if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(false);
     const auto deadline =
         std::chrono::system_clock::now() +
-        std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, grace_seconds) * 1000));
+        std::chrono::milliseconds(static_cast<int64_t>(
+            std::clamp(grace_seconds, 0.0, 365.0 * 24 * 3600) * 1000));  // no int64 overflow
     m.server->Shutdown(deadline);  // waits for in-flight calls until the deadline
     m.server->Wait();
     spdlog::info("event=drained listen={}", m.bound);
