@@ -22,6 +22,8 @@
 #include "gguf/make_model.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
+#include "node/identity.h"
+#include "node/layer_range.h"
 #include "util/thread_pool.h"
 
 namespace meshnet {
@@ -128,7 +130,7 @@ std::vector<int32_t> Prompt(int n) {
 
 mesh::InProcessMeshOptions MeshOptions(int shards) {
   mesh::InProcessMeshOptions mo;
-  mo.split = mesh::EvenSplit(shards, 12);
+  mo.split = node::EvenSplit(shards, 12);
   mo.kv_config.budget_bytes = int64_t{1} << 30;
   return mo;
 }
@@ -178,7 +180,7 @@ void BM_CachedVsReprefill512(benchmark::State& state) {
   double cached_s = 0, naive_s = 0;
   for (auto _ : state) {
     // Cached: prefill once (untimed), then kSteps one-token decodes.
-    const std::string sid = mesh::RandomId128();
+    const std::string sid = node::RandomId128();
     shard::StepInput in;
     in.token_ids = std::span<const int32_t>(prompt);
     adapter.Prefill(sid, 0, in, {});

@@ -37,7 +37,7 @@
 #include <sstream>
 #include <string>
 
-#include "kv/trace_replay.h"
+#include "kvtrace/trace_replay.h"
 
 #ifndef MESHNET_SEED_REPLAY_DEFAULT
 #define MESHNET_SEED_REPLAY_DEFAULT "../shared/seed/seed_replay.py"

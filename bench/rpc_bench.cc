@@ -25,6 +25,7 @@
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
+#include "node/identity.h"
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/node_process.h"
@@ -188,7 +189,7 @@ struct TinyNode {
 template <typename StepFn>
 double DecodeSession(StepFn&& step, int n) {
   mesh::StepRequest r;
-  r.session_id = mesh::RandomId128();
+  r.session_id = node::RandomId128();
   r.session_secret = "bench";
   r.step_id = 1;
   r.prefill = true;

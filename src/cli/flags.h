@@ -1,12 +1,9 @@
-// Flag helpers shared by the subcommands: bounds of count flags, the KV
-// dtype spellings, the default model path.
+// Bounds of count flags, shared by the subcommands (see also cli/common.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
-
-#include "util/dtype.h"
 
 namespace meshnet::cli {
 
@@ -21,11 +18,5 @@ inline constexpr int kMaxGenerateTokens = 1000000;
 
 // CLI11 validator: an integer in [lo, hi], with a message naming the range.
 CLI::Validator IntRange(int64_t lo, int64_t hi);
-
-// float32, float16, bfloat16 and the short forms f32/fp32, f16/fp16, bf16.
-KvDtype ParseKvDtypeFlag(const std::string& flag, const std::string& value);
-
-// models/stories260K.gguf in the working directory, else in the source tree.
-std::string DefaultModelPath();
 
 }  // namespace meshnet::cli

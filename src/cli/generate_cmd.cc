@@ -8,11 +8,14 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/identity.h"
+#include "node/layer_range.h"
 #include "util/error.h"
 #include "util/sizes.h"
 #include "util/thread_pool.h"
@@ -78,8 +81,8 @@ int RunGenerate(const GenerateFlags& f) {
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
     mo.split =
-        f.split.empty() ? mesh::EvenSplit(f.shards, n_layers) : mesh::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtypeFlag("--kv-dtype", f.kv_dtype);
+        f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
+    mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
     const int threads =
@@ -95,7 +98,7 @@ int RunGenerate(const GenerateFlags& f) {
     co.tls_cert = f.tls_cert;
     co.tls_key = f.tls_key;
     co.timeout_s = f.timeout_s;
-    co.expected_model_id = mesh::ModelIdentity(*file);  // the tokenizer's model
+    co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
     co.Validate();
     provider = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
 #else
@@ -144,7 +147,8 @@ const CommandRegistrar kRegistrar(
        auto f = std::make_shared<GenerateFlags>();
        sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
        sub->add_option("--model,-m", f->model,
-                       "GGUF model file (default: models/stories260K.gguf)");
+                       "GGUF model file (default: models/stories260K.gguf, looked up in the "
+                       "current directory, then above the executable)");
        auto* shards =
            sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
                ->capture_default_str()

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cli/command.h"
-#include "kv/trace_replay.h"
+#include "kvtrace/trace_replay.h"
 #include "util/error.h"
 
 namespace meshnet::cli {

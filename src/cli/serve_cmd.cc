@@ -17,14 +17,14 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
-#include "mesh/in_process.h"
 #include "model/hparams.h"
+#include "node/layer_range.h"
+#include "node/node.h"
 #include "rpc/server.h"
-#include "shard/kv_boundary_adapter.h"
-#include "shard/llama_shard.h"
 #include "util/error.h"
 #include "util/sizes.h"
 #include "util/stop_signals.h"
@@ -81,7 +81,7 @@ int RunServe(const ServeFlags& f) {
   spdlog::set_level(level);
 
   if (f.layers.empty()) ThrowInvalidArgument("--layers A-B is required");
-  const mesh::LayerRange range = mesh::ParseLayerRange(f.layers);
+  const node::LayerRange range = node::ParseLayerRange(f.layers);
   if (!(f.grace_s >= 0 && f.grace_s <= 3600)) {
     ThrowInvalidArgument("--grace must be in [0, 3600] seconds");
   }
@@ -91,7 +91,7 @@ int RunServe(const ServeFlags& f) {
   kv_config.ttl_seconds = f.ttl_s;
   kv_config.block_tokens = f.block_tokens;
   kv_config.Validate();
-  const KvDtype kv_dtype = ParseKvDtypeFlag("--kv-dtype", f.kv_dtype);
+  const KvDtype kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
 
   rpc::NodeServerOptions options;
   options.listen = f.listen;
@@ -109,14 +109,14 @@ int RunServe(const ServeFlags& f) {
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
   const model::LlamaHParams hp = model::LlamaHParams::FromGguf(*file);
-  hp.ValidateLayerRange(range.first, range.second);
   ThreadPool pool(f.threads);
-  shard::LlamaShard shard(file, range.first, range.second, &pool);
-  const kv::KvCacheRecipe recipe = shard.MakeRecipe(kv_dtype);
-  CheckBlockFitsBudget(recipe, kv_config);
-  kv::HotKvStateManager manager(recipe, kv_config);
-  shard::KvBoundaryAdapter adapter(&shard, &manager);
-  rpc::NodeServer server(&adapter, mesh::ModelIdentity(*file), options);
+  node::NodeOptions node_options;
+  node_options.layers = range;
+  node_options.kv_dtype = kv_dtype;
+  node_options.kv_config = kv_config;
+  node::Node node(file, node_options, &pool);
+  CheckBlockFitsBudget(node.manager().recipe(), kv_config);
+  rpc::NodeServer server(&node, options);
   server.Start();
   std::printf("listening on %s\n", server.bound_address().c_str());
   if (!server.metrics_address().empty()) {
@@ -143,7 +143,8 @@ const CommandRegistrar kRegistrar(
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<ServeFlags>();
        sub->add_option("--model,-m", f->model,
-                       "GGUF model file (default: models/stories260K.gguf)");
+                       "GGUF model file (default: models/stories260K.gguf, looked up in the "
+                       "current directory, then above the executable)");
        sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")
            ->required();
        sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
@@ -155,7 +156,8 @@ const CommandRegistrar kRegistrar(
            ->check(IntRange(1, kMaxSessions));
        sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
            ->capture_default_str();
-       sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+       sub->add_option("--kv-dtype", f->kv_dtype,
+                       "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
            ->capture_default_str();
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
            ->capture_default_str()

@@ -257,6 +257,7 @@ std::variant<Begun, CacheMiss> BeginWaitingLocked(
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(ErrorKind::kBudgetExceeded, shortage.message);
       }
+      ++m.pinned_waits;
       m.unpinned.wait_until(lock, deadline);
     }
   }
@@ -512,6 +513,7 @@ HotKvStats HotKvStateManager::Stats() const {
     s.evictions[i] = m.evictions[i];
   }
   s.replaced = m.replaced;
+  s.pinned_waits = m.pinned_waits;
   s.remembered_epochs = static_cast<int64_t>(m.ids.size());
   s.remembered_misses = static_cast<int64_t>(m.miss_list.size());
   return s;

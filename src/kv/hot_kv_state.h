@@ -109,6 +109,7 @@ struct HotKvStats {
   int64_t replaced = 0;           // contexts replaced by a same-key re-open (no miss recorded)
   int64_t remembered_epochs = 0;  // size of the latest-epoch map
   int64_t remembered_misses = 0;  // size of the miss history
+  int64_t pinned_waits = 0;       // waits of reservations for room pinned by in-flight steps
 };
 
 // One owned layer's new K/V for Append (reference: kv_by_layer[layer] = (k, v)).

@@ -159,6 +159,7 @@ struct ManagerState {
   int64_t misses[kNumCacheMissReasons] = {};
   int64_t evictions[kNumCacheMissReasons] = {};
   int64_t replaced = 0;
+  int64_t pinned_waits = 0;
 
   // --- helpers; all require mu held ---
   double NowLocked();

@@ -10,6 +10,7 @@
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/layer_range.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::mesh {
@@ -38,7 +39,7 @@ TEST(ConcurrentGeneration, PressureNeverCorruptsOutput) {
   std::vector<std::vector<int32_t>> solo(prompts.size());
   {
     InProcessMeshOptions mo;
-    mo.split = EvenSplit(3, 5);
+    mo.split = node::EvenSplit(3, 5);
     InProcessMesh mesh(file, mo, &pool);
     for (size_t i = 0; i < prompts.size(); ++i) {
       FixedRouteProvider p(mesh.route());
@@ -49,7 +50,7 @@ TEST(ConcurrentGeneration, PressureNeverCorruptsOutput) {
   // Concurrent runs: at most 5 sessions per shard, and a byte budget of 4
   // sessions of 64 positions on the two-layer shards (512 bytes per position).
   InProcessMeshOptions mo;
-  mo.split = EvenSplit(3, 5);
+  mo.split = node::EvenSplit(3, 5);
   mo.kv_config.max_sessions = 5;
   mo.kv_config.block_tokens = 16;
   mo.kv_config.budget_bytes = 4 * 64 * 512;

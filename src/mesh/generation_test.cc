@@ -10,6 +10,7 @@
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/layer_range.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::mesh {
@@ -70,7 +71,7 @@ TEST(Generation, GreedyMatchesTheReferenceContinuation) {
   const std::vector<int32_t> prompt = Prompt();
   ASSERT_EQ(prompt, (std::vector<int32_t>{1, 403, 407, 261, 378}));
   InProcessMeshOptions mo;
-  mo.split = EvenSplit(3, 5);
+  mo.split = node::EvenSplit(3, 5);
   InProcessMesh mesh(File(), mo, Pool());
   RunOutput run = Generate(mesh, prompt, 64);
   ASSERT_EQ(run.tokens.size(), 64u);
@@ -83,10 +84,10 @@ TEST(Generation, GreedyMatchesTheReferenceContinuation) {
 }
 
 // Every composition of the 5 layers into 1..5 contiguous shards.
-std::vector<std::vector<LayerRange>> AllSplits(int layers) {
-  std::vector<std::vector<LayerRange>> out;
+std::vector<std::vector<node::LayerRange>> AllSplits(int layers) {
+  std::vector<std::vector<node::LayerRange>> out;
   for (int mask = 0; mask < (1 << (layers - 1)); ++mask) {
-    std::vector<LayerRange> split;
+    std::vector<node::LayerRange> split;
     int start = 0;
     for (int l = 0; l < layers; ++l) {
       if (l == layers - 1 || (mask >> l & 1)) {
@@ -123,7 +124,7 @@ TEST(Generation, EverySplitGivesIdenticalTokensAndLogits) {
 TEST(Generation, CachedDecodeEqualsFullRecompute) {
   const std::vector<int32_t> prompt = Prompt();
   InProcessMeshOptions mo;
-  mo.split = EvenSplit(3, 5);
+  mo.split = node::EvenSplit(3, 5);
   InProcessMesh mesh(File(), mo, Pool());
   const RunOutput cached = Generate(mesh, prompt, 64);
   ASSERT_EQ(cached.logits.size(), 64u);
@@ -145,7 +146,7 @@ TEST(Generation, CachedDecodeEqualsFullRecompute) {
 TEST(Generation, ForcedEvictionReprefillsAndKeepsTheOutput) {
   const std::vector<int32_t> prompt = Prompt();
   InProcessMeshOptions mo;
-  mo.split = EvenSplit(3, 5);
+  mo.split = node::EvenSplit(3, 5);
   mo.kv_config.max_sessions = 1;
   InProcessMesh mesh(File(), mo, Pool());
   const RunOutput undisturbed = Generate(mesh, prompt, 40);
@@ -172,7 +173,7 @@ TEST(Generation, ForcedEvictionReprefillsAndKeepsTheOutput) {
 TEST(Generation, SeededSamplingIsReproducible) {
   const std::vector<int32_t> prompt = Prompt();
   InProcessMeshOptions mo;
-  mo.split = EvenSplit(2, 5);
+  mo.split = node::EvenSplit(2, 5);
   InProcessMesh mesh(File(), mo, Pool());
   shard::SamplingContract s{0.9f, 40, 0.95f, 1234};
   const RunOutput a = Generate(mesh, prompt, 32, {}, s);

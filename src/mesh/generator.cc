@@ -1,12 +1,11 @@
 #include "mesh/generator.h"
 
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <chrono>
 #include <thread>
 #include <utility>
 
+#include "node/identity.h"
 #include "util/error.h"
 
 namespace meshnet::mesh {
@@ -32,19 +31,6 @@ void FixedRouteProvider::MarkDead(const ShardEndpoint& endpoint) {
   for (const auto& hop : route_.hops) {
     if (hop.get() == &endpoint) dead_ = true;
   }
-}
-
-std::string RandomId128() {
-  unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1)
-    throw Error(ErrorKind::kUnavailable, "RAND_bytes failed");
-  static const char* kHex = "0123456789abcdef";
-  std::string out(32, '0');
-  for (int i = 0; i < 16; ++i) {
-    out[2 * i] = kHex[bytes[i] >> 4];
-    out[2 * i + 1] = kHex[bytes[i] & 15];
-  }
-  return out;
 }
 
 namespace {
@@ -119,9 +105,9 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt must hold at least one token");
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
   options.sampling.Validate();
-  const std::string session = options.session_id.empty() ? RandomId128() : options.session_id;
+  const std::string session = options.session_id.empty() ? node::RandomId128() : options.session_id;
   const std::string secret =
-      options.session_secret.empty() ? RandomId128() : options.session_secret;
+      options.session_secret.empty() ? node::RandomId128() : options.session_secret;
 
   GenerateResult result;
   int64_t epoch = options.initial_epoch;

@@ -86,7 +86,4 @@ struct GenerateResult {
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,
                         const GenerateOptions& options, const GenerateEvents& events = {});
 
-// 128 random bits from the OS CSPRNG (OpenSSL RAND_bytes), as 32 hex chars.
-std::string RandomId128();
-
 }  // namespace meshnet::mesh

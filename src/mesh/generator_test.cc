@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "node/identity.h"
 #include "util/error.h"
 
 namespace meshnet::mesh {
@@ -224,7 +225,7 @@ TEST(Generator, RejectsBadArguments) {
 }
 
 TEST(Generator, RandomIdsAre128BitHex) {
-  const std::string a = RandomId128(), b = RandomId128();
+  const std::string a = node::RandomId128(), b = node::RandomId128();
   EXPECT_EQ(a.size(), 32u);
   EXPECT_NE(a, b);
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);

@@ -1,22 +1,33 @@
 #include "rpc/auth.h"
 
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "util/error.h"
 
 namespace meshnet::rpc {
 
-std::string SecretDigest(std::string_view secret) {
-  std::string out(SHA256_DIGEST_LENGTH, '\0');
-  SHA256(reinterpret_cast<const unsigned char*>(secret.data()), secret.size(),
-         reinterpret_cast<unsigned char*>(out.data()));
-  return out;
-}
-
-bool DigestEquals(std::string_view a, std::string_view b) {
-  if (a.size() != SHA256_DIGEST_LENGTH || b.size() != SHA256_DIGEST_LENGTH) return false;
-  return CRYPTO_memcmp(a.data(), b.data(), SHA256_DIGEST_LENGTH) == 0;
-}
-
 std::string BearerValue(std::string_view token) { return "Bearer " + std::string(token); }
+
+std::string ReadPemFile(const std::string& path, const char* what) {
+  // Not a regular file (a FIFO would block the open, a directory reads as
+  // nothing): refused before opening.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path +
+                         "': not a regular file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.find("-----BEGIN") == std::string::npos) {
+    ThrowInvalidArgument(std::string(what) + " file '" + path + "' is not PEM");
+  }
+  return text;
+}
 
 }  // namespace meshnet::rpc

@@ -1,8 +1,5 @@
-// Secrets on a node: the cluster token and per-session secrets.
-//
-// Secrets are never stored or compared in the clear: the node keeps
-// SHA-256(secret) and compares digests with CRYPTO_memcmp, so the comparison
-// time depends on neither the secret nor where a guess first differs.
+// Credentials on the wire: the cluster token's metadata value and the PEM
+// files of TLS. Secrets themselves are hashed and compared in util/secret.h.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -12,18 +9,11 @@
 
 namespace meshnet::rpc {
 
-// SHA-256 of `secret`, 32 raw bytes.
-std::string SecretDigest(std::string_view secret);
-
-// Constant-time equality of two 32-byte digests (false if either size differs).
-bool DigestEquals(std::string_view a, std::string_view b);
-
-// Constant-time check of a presented secret against a stored digest.
-inline bool SecretMatches(std::string_view presented, std::string_view digest) {
-  return DigestEquals(SecretDigest(presented), digest);
-}
-
 // The value of the "authorization" metadata for a cluster token.
 std::string BearerValue(std::string_view token);
+
+// Reads a whole (PEM) file; Error(kInvalidArgument) naming it if unreadable or
+// not PEM. `what` names the file's role ("TLS CA").
+std::string ReadPemFile(const std::string& path, const char* what);
 
 }  // namespace meshnet::rpc

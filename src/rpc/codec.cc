@@ -5,7 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "rpc/crc32c.h"
+#include "node/identity.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -219,7 +220,7 @@ kv::CacheMiss DecodeCacheMiss(const pb::CacheMiss& in) {
   return m;
 }
 
-void EncodeStepRequest(const mesh::StepRequest& r, KvDtype input_dtype, KvDtype output_dtype,
+void EncodeStepRequest(const node::StepRequest& r, KvDtype input_dtype, KvDtype output_dtype,
                        bool want_logits, pb::StepRequest* out) {
   out->set_session_id(r.session_id);
   out->set_session_secret(r.session_secret);
@@ -238,7 +239,7 @@ void EncodeStepRequest(const mesh::StepRequest& r, KvDtype input_dtype, KvDtype 
   out->set_omit_logits(!want_logits);
 }
 
-mesh::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch) {
+node::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch) {
   switch (in.result_case()) {
     case pb::StepResponse::kBundle:
       return DecodeBundle(in.bundle(), route_epoch);
@@ -256,15 +257,9 @@ mesh::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_ep
   ThrowInvalidArgument("step response carries no result");
 }
 
-mesh::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
-  mesh::StepRequest r;
-  if (!IsSessionId(in.session_id())) {
-    ThrowInvalidArgument("session id must be 32 lowercase hex characters (128 random bits)");
-  }
-  if (in.session_secret().empty() || in.session_secret().size() > 256) {
-    ThrowInvalidArgument("session secret must hold 1..256 bytes");
-  }
-  if (in.route_epoch() < 0) ThrowInvalidArgument("route epoch must be >= 0");
+node::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
+  node::StepRequest r;
+  node::ValidateSessionKey(in.session_id(), in.session_secret(), in.route_epoch());
   r.session_id = in.session_id();
   r.session_secret = in.session_secret();
   r.route_epoch = in.route_epoch();
@@ -290,7 +285,7 @@ mesh::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
   return r;
 }
 
-void EncodeStepResult(const mesh::StepResult& r, int64_t route_epoch, KvDtype output_dtype,
+void EncodeStepResult(const node::StepResult& r, int64_t route_epoch, KvDtype output_dtype,
                       bool want_logits, pb::StepResponse* out) {
   if (const auto* b = std::get_if<shard::BoundaryBundle>(&r)) {
     EncodeBundle(*b, route_epoch, output_dtype, out->mutable_bundle());
@@ -303,7 +298,7 @@ void EncodeStepResult(const mesh::StepResult& r, int64_t route_epoch, KvDtype ou
   }
 }
 
-void EncodeInfo(const mesh::ShardInfo& info, pb::InfoResponse* out) {
+void EncodeInfo(const node::ShardInfo& info, pb::InfoResponse* out) {
   out->set_model_id(info.model_id);
   out->set_architecture(info.architecture);
   out->set_start_layer(info.start_layer);
@@ -318,8 +313,8 @@ void EncodeInfo(const mesh::ShardInfo& info, pb::InfoResponse* out) {
   out->set_protocol_version(kProtocolVersion);
 }
 
-mesh::ShardInfo DecodeInfo(const pb::InfoResponse& in) {
-  mesh::ShardInfo info;
+node::ShardInfo DecodeInfo(const pb::InfoResponse& in) {
+  node::ShardInfo info;
   info.model_id = in.model_id();
   info.architecture = in.architecture();
   info.start_layer = in.start_layer();
@@ -334,12 +329,26 @@ mesh::ShardInfo DecodeInfo(const pb::InfoResponse& in) {
   return info;
 }
 
-bool IsSessionId(const std::string& id) {
-  if (id.size() != 32) return false;
-  for (char c : id) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
+void EncodeNodeInfo(const node::NodeInfo& info, pb::InfoResponse* out) {
+  EncodeInfo(info.shard, out);
+  out->set_instance_id(info.instance_id);
+  out->set_kv_bytes_reserved(info.kv_bytes_reserved);
+  out->set_kv_bytes_reserved_peak(info.kv_bytes_reserved_peak);
+  out->set_steps_served(info.steps_served);
+  out->set_n_embd(info.n_embd);
+  out->set_vocab_size(info.vocab_size);
+}
+
+node::NodeInfo DecodeNodeInfo(const pb::InfoResponse& in) {
+  node::NodeInfo info;
+  info.shard = DecodeInfo(in);
+  info.instance_id = in.instance_id();
+  info.kv_bytes_reserved = in.kv_bytes_reserved();
+  info.kv_bytes_reserved_peak = in.kv_bytes_reserved_peak();
+  info.steps_served = in.steps_served();
+  info.n_embd = in.n_embd();
+  info.vocab_size = in.vocab_size();
+  return info;
 }
 
 }  // namespace meshnet::rpc

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "kv/cache_miss.h"
-#include "mesh/endpoint.h"
+#include "node/step.h"
 #include "proto/meshnet.pb.h"
 #include "shard/boundary.h"
 #include "util/dtype.h"
@@ -22,6 +22,8 @@ namespace meshnet::rpc {
 namespace pb = ::meshnet::v1;
 
 inline constexpr uint32_t kProtocolVersion = 1;
+// gRPC's send/receive limit on both ends (bundles of long prompts are large).
+inline constexpr int kMaxMessageBytes = 1 << 30;
 
 pb::Dtype ToWireDtype(KvDtype t);
 // DTYPE_F32/F16/BF16; kInvalidArgument for anything else (unspecified, unknown).
@@ -45,20 +47,20 @@ void EncodeCacheMiss(const kv::CacheMiss& m, pb::CacheMiss* out);
 kv::CacheMiss DecodeCacheMiss(const pb::CacheMiss& in);
 
 // Client side. `output_dtype` selects the dtype of the bundle the node answers.
-void EncodeStepRequest(const mesh::StepRequest& r, KvDtype input_dtype, KvDtype output_dtype,
+void EncodeStepRequest(const node::StepRequest& r, KvDtype input_dtype, KvDtype output_dtype,
                        bool want_logits, pb::StepRequest* out);
 // Client side: decodes the node's answer (bundle checksum verified).
-mesh::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch);
+node::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch);
 
 // Node side: the (validated) request as the in-process endpoint takes it.
-mesh::StepRequest DecodeStepRequest(const pb::StepRequest& in);
-void EncodeStepResult(const mesh::StepResult& r, int64_t route_epoch, KvDtype output_dtype,
+node::StepRequest DecodeStepRequest(const pb::StepRequest& in);
+void EncodeStepResult(const node::StepResult& r, int64_t route_epoch, KvDtype output_dtype,
                       bool want_logits, pb::StepResponse* out);
 
-void EncodeInfo(const mesh::ShardInfo& info, pb::InfoResponse* out);
-mesh::ShardInfo DecodeInfo(const pb::InfoResponse& in);
-
-// True for 32 lowercase hexadecimal characters (mesh::RandomId128()).
-bool IsSessionId(const std::string& id);
+void EncodeInfo(const node::ShardInfo& info, pb::InfoResponse* out);
+node::ShardInfo DecodeInfo(const pb::InfoResponse& in);
+// The shard info plus what a serving node adds (protocol_version is set too).
+void EncodeNodeInfo(const node::NodeInfo& info, pb::InfoResponse* out);
+node::NodeInfo DecodeNodeInfo(const pb::InfoResponse& in);
 
 }  // namespace meshnet::rpc

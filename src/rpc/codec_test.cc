@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "rpc/crc32c.h"
 #include "rpc/status.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -110,7 +110,7 @@ TEST(CodecTest, RejectsMalformedBundles) {
 }
 
 TEST(CodecTest, StepRequestRoundTripAndValidation) {
-  mesh::StepRequest r;
+  node::StepRequest r;
   r.session_id = std::string(32, 'a');
   r.session_secret = "s3cret";
   r.route_epoch = 2;
@@ -124,7 +124,7 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
   EncodeStepRequest(r, KvDtype::kF32, KvDtype::kBF16, false, &wire);
   EXPECT_EQ(wire.output_dtype(), pb::DTYPE_BF16);
   EXPECT_TRUE(wire.omit_logits());
-  const mesh::StepRequest back = DecodeStepRequest(wire);
+  const node::StepRequest back = DecodeStepRequest(wire);
   EXPECT_EQ(back.session_id, r.session_id);
   EXPECT_EQ(back.session_secret, "s3cret");
   EXPECT_EQ(back.route_epoch, 2);

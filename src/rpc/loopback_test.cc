@@ -12,6 +12,7 @@
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
+#include "node/identity.h"
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/codec.h"
 #include "rpc/remote.h"
@@ -65,8 +66,7 @@ struct Nodes {
     for (int i = 0; i < 3; ++i) {
       NodeServerOptions o = base;
       if (metrics_on_tail && i == 2) o.metrics_listen = "127.0.0.1:0";
-      servers.push_back(
-          std::make_unique<NodeServer>(&mesh.adapter(i), mesh::ModelIdentity(*File()), o));
+      servers.push_back(std::make_unique<NodeServer>(&mesh.node(i), o));
       servers.back()->Start();
       addresses.push_back(servers.back()->bound_address());
     }
@@ -133,7 +133,7 @@ TEST(LoopbackTest, HalfPrecisionWireRuns) {
 TEST(LoopbackTest, StatusCodesOnTheWire) {
   Nodes nodes(NodeServerOptions{}, 16 << 10);  // head/middle hold 32 tokens
   auto head = RawStub(nodes.addresses[0]);
-  const std::string id = mesh::RandomId128();
+  const std::string id = node::RandomId128();
 
   {  // open at epoch 2
     grpc::ClientContext ctx;
@@ -179,7 +179,7 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
   {  // Truncate of a session that is gone: NOT_FOUND with the miss
     RemoteEndpoint ep(nodes.addresses[0], Roomy());
     try {
-      ep.Truncate(mesh::RandomId128(), "s", 0, 1);
+      ep.Truncate(node::RandomId128(), "s", 0, 1);
       ADD_FAILURE() << "truncate of nothing succeeded";
     } catch (const kv::CacheMissError& e) {
       EXPECT_EQ(e.miss().reason, kv::CacheMissReason::kUnknownSession);
@@ -187,7 +187,7 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
     EXPECT_EQ(ep.Truncate(id, "s", 2, 2), 2);
   }
   {  // a session growing past the budget: RESOURCE_EXHAUSTED (evicts `id`: run last)
-    const std::string big = mesh::RandomId128();
+    const std::string big = node::RandomId128();
     grpc::ClientContext ctx;
     pb::StepResponse resp;
     ASSERT_TRUE(
@@ -205,7 +205,7 @@ TEST(LoopbackTest, StatusCodesOnTheWire) {
 TEST(LoopbackTest, RetriedStepIsReplayedNotRerun) {
   Nodes nodes(NodeServerOptions{});
   auto head = RawStub(nodes.addresses[0]);
-  const std::string id = mesh::RandomId128();
+  const std::string id = node::RandomId128();
   pb::StepResponse a, b;
   grpc::ClientContext c1, c2;
   const auto req = HeadPrefill(id, "s", 0, 1);
@@ -221,7 +221,7 @@ TEST(LoopbackTest, StreamVariantAnswersInOrder) {
   auto head = RawStub(nodes.addresses[0]);
   grpc::ClientContext ctx;
   auto stream = head->StepStream(&ctx);
-  const std::string id = mesh::RandomId128();
+  const std::string id = node::RandomId128();
   pb::StepResponse resp;
   ASSERT_TRUE(stream->Write(HeadPrefill(id, "s", 0, 1)));
   ASSERT_TRUE(stream->Read(&resp));
@@ -253,7 +253,7 @@ TEST(LoopbackTest, ClusterTokenIsCheckedOnEveryCall) {
       EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
     }
     mesh::StepRequest r;
-    r.session_id = mesh::RandomId128();
+    r.session_id = node::RandomId128();
     r.session_secret = "s";
     r.prefill = true;
     r.token_ids = kPrompt;

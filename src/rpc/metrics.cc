@@ -3,7 +3,7 @@
 #include <string>
 
 #include "kv/cache_miss.h"
-#include "rpc/node_core.h"
+#include "node/node_core.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -54,7 +54,7 @@ constexpr ErrorKind kKinds[] = {
 std::vector<MetricFamily> NodeMetrics::Collect() const {
   std::vector<MetricFamily> out;
   const kv::HotKvStats s = core_->manager().Stats();
-  NodeCounters& c = core_->counters();
+  node::NodeCounters& c = core_->counters();
 
   AddGauge(out, "meshnet_kv_live_sessions", "Sessions with live KV state", s.live_sessions);
   AddGauge(out, "meshnet_kv_pinned_sessions", "Sessions pinned by an in-flight step",
@@ -97,10 +97,10 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
       Counter(static_cast<double>(c.steps_replayed.load()), {{"result", "replayed"}}));
   out.push_back(std::move(steps));
 
-  MetricFamily waits =
-      Family("meshnet_step_budget_waits_total",
-             "Step retries after KV room was pinned by other in-flight steps", MetricType::Counter);
-  waits.metric.push_back(Counter(static_cast<double>(c.budget_waits.load())));
+  MetricFamily waits = Family("meshnet_step_budget_waits_total",
+                              "Waits of KV reservations for room pinned by other in-flight steps",
+                              MetricType::Counter);
+  waits.metric.push_back(Counter(static_cast<double>(s.pinned_waits)));
   out.push_back(std::move(waits));
 
   MetricFamily errors =
@@ -115,12 +115,13 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
       Family("meshnet_step_latency_seconds", "Step latency on the node", MetricType::Histogram);
   ClientMetric h;
   uint64_t cumulative = 0;
-  for (int i = 0; i <= NodeCounters::kNumLatencyBuckets; ++i) {
+  for (int i = 0; i <= node::NodeCounters::kNumLatencyBuckets; ++i) {
     cumulative += static_cast<uint64_t>(c.latency_buckets[i].load());
     ClientMetric::Bucket b;
     b.cumulative_count = cumulative;
-    b.upper_bound = i < NodeCounters::kNumLatencyBuckets ? NodeCounters::LatencyBucketBound(i)
-                                                         : std::numeric_limits<double>::infinity();
+    b.upper_bound = i < node::NodeCounters::kNumLatencyBuckets
+                        ? node::NodeCounters::LatencyBucketBound(i)
+                        : std::numeric_limits<double>::infinity();
     h.histogram.bucket.push_back(b);
   }
   h.histogram.sample_count = cumulative;

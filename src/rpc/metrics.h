@@ -1,5 +1,5 @@
 // Prometheus metrics of a node, collected at scrape time from the KV manager's
-// HotKvStats and the NodeCore counters (so gauges are exact when scraped).
+// HotKvStats and the node::NodeCore counters (so gauges are exact when scraped).
 // Internal to rpc/.
 //
 // Thread-safety: Collect() may run concurrently with steps.
@@ -10,17 +10,19 @@
 
 #include <vector>
 
-namespace meshnet::rpc {
-
+namespace meshnet::node {
 class NodeCore;
+}
+
+namespace meshnet::rpc {
 
 class NodeMetrics final : public prometheus::Collectable {
  public:
-  explicit NodeMetrics(NodeCore* core) : core_(core) {}
+  explicit NodeMetrics(node::NodeCore* core) : core_(core) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  NodeCore* core_;
+  node::NodeCore* core_;
 };
 
 }  // namespace meshnet::rpc

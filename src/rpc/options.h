@@ -30,7 +30,7 @@ struct ClientOptions {
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;
-  // When set: Plan refuses nodes whose model identity (mesh::ModelIdentity)
+  // When set: Plan refuses nodes whose model identity (node::ModelIdentity)
   // differs, e.g. the model the client's tokenizer was read from.
   std::string expected_model_id;
 
@@ -48,7 +48,7 @@ struct NodeServerOptions {
   std::string tls_key;                      // its private key (PEM)
   std::string tls_ca;                       // if set: require client certificates signed by it
   int max_rpc_threads = 64;                 // gRPC handler threads
-  int64_t max_bindings = 4096;              // session bindings remembered (see node_core.h)
+  int64_t max_bindings = 4096;              // session bindings remembered (see node/node_core.h)
   int64_t replay_cache_bytes = 64LL << 20;  // bytes of cached step results for retries
 
   void Validate() const;

@@ -17,15 +17,12 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/codec.h"
-#include "rpc/server.h"
 #include "rpc/status.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
 
 namespace {
-
-constexpr int kMaxMessageBytes = 1 << 30;
 
 // Client logs go to stderr (stdout carries generated text), warnings and up
 // unless the "meshnet.rpc" logger is configured otherwise.
@@ -75,16 +72,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cli
   return grpc::CreateCustomChannel(address, creds, args);
 }
 
-NodeInfo DecodeNodeInfo(const pb::InfoResponse& r) {
+NodeInfo DecodeClientInfo(const pb::InfoResponse& r) {
   NodeInfo info;
-  info.shard = DecodeInfo(r);
+  static_cast<node::NodeInfo&>(info) = DecodeNodeInfo(r);
   info.protocol_version = r.protocol_version();
-  info.instance_id = r.instance_id();
-  info.kv_bytes_reserved = r.kv_bytes_reserved();
-  info.kv_bytes_reserved_peak = r.kv_bytes_reserved_peak();
-  info.steps_served = r.steps_served();
-  info.n_embd = r.n_embd();
-  info.vocab_size = r.vocab_size();
   return info;
 }
 
@@ -143,7 +134,7 @@ NodeInfo RemoteEndpoint::InfoFull() {
     ThrowForStatus(hinted, ctx, impl_->address, "Info");
   }
   if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Info");
-  return DecodeNodeInfo(resp);
+  return DecodeClientInfo(resp);
 }
 
 mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {

@@ -31,20 +31,14 @@
 
 #include "mesh/endpoint.h"
 #include "mesh/generator.h"
+#include "node/step.h"
 #include "rpc/options.h"
 
 namespace meshnet::rpc {
 
-// Info plus what only a networked node has.
-struct NodeInfo {
-  mesh::ShardInfo shard;
+// A node's Info as a client receives it.
+struct NodeInfo : node::NodeInfo {
   uint32_t protocol_version = 0;
-  std::string instance_id;
-  int64_t kv_bytes_reserved = 0;
-  int64_t kv_bytes_reserved_peak = 0;
-  int64_t steps_served = 0;
-  int n_embd = 0;
-  int vocab_size = 0;
 };
 
 // The steps of one session on one node over one bidirectional stream

@@ -1,6 +1,7 @@
-// NodeServer: the MeshNode service over NodeCore, the health service and the
-// metrics exposer. The service methods only check the cluster token, delegate
-// to NodeCore and turn meshnet::Error into a gRPC status (rpc/status.h).
+// NodeServer: the MeshNode service over NodeService (node::NodeCore), the
+// health service and the metrics exposer. The service methods only check the
+// cluster token, delegate to NodeService and turn meshnet::Error into a gRPC
+// status (rpc/status.h).
 #include "rpc/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -11,26 +12,24 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "node/node.h"
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
+#include "rpc/codec.h"
 #include "rpc/metrics.h"
-#include "rpc/node_core.h"
+#include "rpc/node_service.h"
 #include "rpc/status.h"
-#include "shard/kv_boundary_adapter.h"
 #include "util/error.h"
+#include "util/secret.h"
 
 namespace meshnet::rpc {
 
 namespace {
 
-constexpr int kMaxMessageBytes = 1 << 30;
 constexpr int kMetricsThreads = 8;
 constexpr int kMetricsRequestTimeoutMs = 3000;
 
@@ -42,7 +41,7 @@ std::string HostOf(const std::string& address) {
 
 class MeshNodeService final : public pb::MeshNode::Service {
  public:
-  MeshNodeService(NodeCore* core, const std::string& auth_token)
+  MeshNodeService(NodeService* core, const std::string& auth_token)
       : core_(core),
         token_digest_(auth_token.empty() ? "" : SecretDigest(BearerValue(auth_token))) {}
 
@@ -115,34 +114,15 @@ class MeshNodeService final : public pb::MeshNode::Service {
     }
   }
 
-  NodeCore* core_;
+  NodeService* core_;
   std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
 };
 
 }  // namespace
 
-std::string ReadPemFile(const std::string& path, const char* what) {
-  // Not a regular file (a FIFO would block the open, a directory reads as
-  // nothing): refused before opening.
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path +
-                         "': not a regular file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.find("-----BEGIN") == std::string::npos) {
-    ThrowInvalidArgument(std::string(what) + " file '" + path + "' is not PEM");
-  }
-  return text;
-}
-
 struct NodeServer::Impl {
   NodeServerOptions options;
-  NodeCore core;
+  NodeService node_service;
   MeshNodeService service;
   std::shared_ptr<NodeMetrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -152,17 +132,15 @@ struct NodeServer::Impl {
   std::mutex shutdown_mu;
   bool stopped = false;
 
-  Impl(shard::KvBoundaryAdapter* adapter, std::string model_id, NodeServerOptions opts)
+  Impl(node::Node* node, NodeServerOptions opts)
       : options(std::move(opts)),
-        core(adapter, std::move(model_id),
-             NodeCoreOptions{options.max_bindings, options.replay_cache_bytes}),
-        service(&core, options.auth_token) {}
+        node_service(node, node::NodeCoreOptions{options.max_bindings, options.replay_cache_bytes}),
+        service(&node_service, options.auth_token) {}
 };
 
-NodeServer::NodeServer(shard::KvBoundaryAdapter* adapter, std::string model_id,
-                       NodeServerOptions options) {
+NodeServer::NodeServer(node::Node* node, NodeServerOptions options) {
   options.Validate();
-  impl_ = std::make_unique<Impl>(adapter, std::move(model_id), std::move(options));
+  impl_ = std::make_unique<Impl>(node, std::move(options));
 }
 
 NodeServer::~NodeServer() { Shutdown(0); }
@@ -219,22 +197,23 @@ void NodeServer::Start() {
       throw Error(ErrorKind::kUnavailable,
                   "cannot serve metrics on '" + m.options.metrics_listen + "': " + e.what());
     }
-    m.metrics = std::make_shared<NodeMetrics>(&m.core);
+    m.metrics = std::make_shared<NodeMetrics>(&m.node_service.core());
     m.exposer->RegisterCollectable(m.metrics);
     const auto ports = m.exposer->GetListeningPorts();
     m.metrics_bound =
         HostOf(m.options.metrics_listen) + ":" + std::to_string(ports.empty() ? 0 : ports.front());
   }
   spdlog::info("event=serving node={} layers={}-{} listen={} tls={} mtls={} token={} metrics={}",
-               m.core.instance_id().substr(0, 8), m.core.adapter().role().start_layer,
-               m.core.adapter().role().end_layer, m.bound, !m.options.tls_cert.empty(),
+               m.node_service.core().instance_id().substr(0, 8),
+               m.node_service.core().node().role().start_layer,
+               m.node_service.core().node().role().end_layer, m.bound, !m.options.tls_cert.empty(),
                !m.options.tls_ca.empty(), !m.options.auth_token.empty(),
                m.metrics_bound.empty() ? "off" : m.metrics_bound);
 }
 
 std::string NodeServer::bound_address() const { return impl_->bound; }
 std::string NodeServer::metrics_address() const { return impl_->metrics_bound; }
-std::string NodeServer::instance_id() const { return impl_->core.instance_id(); }
+std::string NodeServer::instance_id() const { return impl_->node_service.core().instance_id(); }
 
 void NodeServer::Shutdown(double grace_seconds) {
   if (!impl_) return;

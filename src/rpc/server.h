@@ -2,7 +2,7 @@
 // (proto/meshnet.proto) for one shard, the standard gRPC health service, and
 // optionally a Prometheus /metrics endpoint. No gRPC types in this header.
 //
-//   NodeServer server(&adapter, model_id, options);
+//   NodeServer server(&node, options);
 //   server.Start();                 // binds; bound_address() is now known
 //   ... wait for a signal ...
 //   server.Shutdown(10.0);          // stop accepting, finish in-flight steps
@@ -19,16 +19,16 @@
 
 #include "rpc/options.h"
 
-namespace meshnet::shard {
-class KvBoundaryAdapter;
+namespace meshnet::node {
+class Node;
 }
 
 namespace meshnet::rpc {
 
 class NodeServer {
  public:
-  // `adapter` must outlive the server. Validates options (kInvalidArgument).
-  NodeServer(shard::KvBoundaryAdapter* adapter, std::string model_id, NodeServerOptions options);
+  // `node` must outlive the server. Validates options (kInvalidArgument).
+  NodeServer(node::Node* node, NodeServerOptions options);
   ~NodeServer();  // Shutdown(0) if still running
   NodeServer(const NodeServer&) = delete;
   NodeServer& operator=(const NodeServer&) = delete;
@@ -50,8 +50,5 @@ class NodeServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Reads a whole (PEM) file; Error(kInvalidArgument) naming it if unreadable.
-std::string ReadPemFile(const std::string& path, const char* what);
 
 }  // namespace meshnet::rpc

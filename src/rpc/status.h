@@ -24,7 +24,6 @@ grpc::StatusCode StatusCodeFor(ErrorKind kind);
 // Status for a meshnet error (message kept), with the kind in `context`'s
 // trailing metadata when a context is given.
 grpc::Status ToStatus(const Error& e, grpc::ServerContext* context = nullptr);
-grpc::Status PermissionDenied(const std::string& message);
 
 // The kind for a status returned to a client. `kind_name` is the trailer value
 // if the node sent one. PERMISSION_DENIED and UNAUTHENTICATED map to

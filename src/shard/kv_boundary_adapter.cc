@@ -29,56 +29,66 @@ StepOutput KvBoundaryAdapter::Prefill(std::string_view session_id, int64_t route
                                       const StepInput& input, const SamplingContract& sampling) {
   // Validate the input before Open() replaces anything: a contract violation
   // must leave the node's state as it was.
-  RunStep({}, 0, input, 0, sampling, /*validate_only=*/true);
+  Validate(input.token_ids, input.bundle, 0, sampling);
   manager_->Open(session_id, route_epoch, &recipe_);
-  return RunStep(session_id, route_epoch, input, 0, sampling, false);
+  return RunStep(session_id, route_epoch, input, 0, sampling);
 }
 
 StepOutput KvBoundaryAdapter::Decode(std::string_view session_id, int64_t route_epoch,
                                      const StepInput& input,
                                      std::optional<int64_t> expected_seq_len,
                                      const SamplingContract& sampling) {
-  return RunStep(session_id, route_epoch, input, expected_seq_len, sampling, false);
+  return RunStep(session_id, route_epoch, input, expected_seq_len, sampling);
 }
 
-StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route_epoch,
-                                      const StepInput& input,
-                                      std::optional<int64_t> expected_seq_len,
-                                      const SamplingContract& sampling, bool validate_only) {
+int64_t KvBoundaryAdapter::Validate(std::optional<std::span<const int32_t>> token_ids,
+                                    const BoundaryBundle* bundle,
+                                    std::optional<int64_t> expected_seq_len,
+                                    const SamplingContract& sampling) const {
   const model::LlamaHParams& hp = shard_->hparams();
-  const int64_t n_embd = hp.n_embd;
-  // 1. The boundary contract, checked before the KV state is touched.
   int64_t n_new = 0;
   if (role_.is_head()) {
-    if (!input.token_ids) Contract("the head owns token embedding and must receive token IDs");
-    if (input.bundle != nullptr) {
+    if (!token_ids) Contract("the head owns token embedding and must receive token IDs");
+    if (bundle != nullptr) {
       Contract(
           "the head owns token embedding; it must not receive a boundary bundle from an "
           "upstream range");
     }
-    n_new = static_cast<int64_t>(input.token_ids->size());
+    n_new = static_cast<int64_t>(token_ids->size());
     if (n_new == 0) Contract("a step must carry at least one token");
-    for (int32_t id : *input.token_ids) {
+    for (int32_t id : *token_ids) {
       if (id < 0 || id >= hp.vocab_size) {
         ThrowInvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary (0.." +
                              std::to_string(hp.vocab_size - 1) + ")");
       }
     }
   } else {
-    if (input.token_ids) {
-      Contract("middle/tail shards bypass token embedding; they must not receive token IDs");
+    if (token_ids) {
+      Contract(
+          "middle/tail shards bypass token embedding; they take a boundary bundle, not token "
+          "IDs");
     }
-    if (input.bundle == nullptr) Contract("middle/tail shards must receive the boundary bundle");
+    if (bundle == nullptr) Contract("middle/tail shards must receive the boundary bundle");
     // Positions are checked against the start the caller claims; a decode
     // without expected_seq_len is checked again once the step is reserved.
-    const int64_t claimed_start =
-        expected_seq_len ? *expected_seq_len
-                         : (input.bundle->positions.empty() ? 0 : input.bundle->positions[0]);
-    CheckBoundary(*input.bundle, arch(), role_.start_layer, n_embd, claimed_start);
-    n_new = input.bundle->n_tokens;
+    const int64_t claimed_start = expected_seq_len
+                                      ? *expected_seq_len
+                                      : (bundle->positions.empty() ? 0 : bundle->positions[0]);
+    CheckBoundary(*bundle, arch(), role_.start_layer, hp.n_embd, claimed_start);
+    n_new = bundle->n_tokens;
   }
   if (role_.is_tail()) sampling.Validate();
-  if (validate_only) return kv::CacheMiss{};
+  return n_new;
+}
+
+StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route_epoch,
+                                      const StepInput& input,
+                                      std::optional<int64_t> expected_seq_len,
+                                      const SamplingContract& sampling) {
+  const model::LlamaHParams& hp = shard_->hparams();
+  const int64_t n_embd = hp.n_embd;
+  // 1. The boundary contract, checked before the KV state is touched.
+  const int64_t n_new = Validate(input.token_ids, input.bundle, expected_seq_len, sampling);
 
   // 2. Reserve rows (resolve + budget); a gone state is an explicit miss.
   kv::StepResult begun =

@@ -57,11 +57,17 @@ class KvBoundaryAdapter {
   StepOutput Decode(std::string_view session_id, int64_t route_epoch, const StepInput& input,
                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
 
+  // The boundary contract, checked before any state is touched: the input the
+  // role takes (kBoundaryContract), token ids inside the vocabulary
+  // (kInvalidArgument), the bundle against this shard (positions from
+  // `expected_seq_len` when given), the sampling contract at the tail. Returns
+  // the number of new positions. The one place these checks are written.
+  int64_t Validate(std::optional<std::span<const int32_t>> token_ids, const BoundaryBundle* bundle,
+                   std::optional<int64_t> expected_seq_len, const SamplingContract& sampling) const;
+
  private:
-  // With validate_only, checks the input against the contract and returns.
   StepOutput RunStep(std::string_view session_id, int64_t route_epoch, const StepInput& input,
-                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling,
-                     bool validate_only);
+                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
   const CertifiedArchitecture& arch() const { return shard_->arch(); }
   const LlamaShard* shard_;
   kv::HotKvStateManager* manager_;

@@ -14,6 +14,7 @@
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
+#include "node/identity.h"
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/node_process.h"
@@ -226,7 +227,7 @@ TEST_F(MeshProcessTest, MalformedInputIsRejectedWhileOtherSessionsKeepGoing) {
     };
     for (auto& brk : breakers) {
       mesh::StepRequest r;
-      r.session_id = mesh::RandomId128();
+      r.session_id = node::RandomId128();
       r.session_secret = "x";
       r.prefill = true;
       r.bundle = good;
@@ -264,7 +265,7 @@ TEST_F(MeshProcessTest, WrongTokenOrSessionSecretIsRefused) {
   good.auth_token = "s3cr3t-cluster";
   auto provider = MakeRemoteRouteProvider(addrs, good);
   auto o = Options(12);
-  o.session_id = mesh::RandomId128();
+  o.session_id = node::RandomId128();
   o.session_secret = "owner-secret";
   o.release_at_end = false;
   EXPECT_EQ(mesh::Generate(*provider, Prompt(4), o).generated_ids, Reference(Prompt(4), o));

@@ -5,7 +5,7 @@
 // formatting follows repr() (shortest round-trip digits, exponent form when the
 // decimal exponent is < -4 or >= 16). Nothing here allocates per call once the
 // document's buffers have grown to the longest line.
-#include "kv/trace_json.h"
+#include "kvtrace/trace_json.h"
 
 #include <charconv>
 #include <cmath>

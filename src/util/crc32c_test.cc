@@ -1,4 +1,4 @@
-#include "rpc/crc32c.h"
+#include "util/crc32c.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace meshnet::rpc {
+namespace meshnet {
 namespace {
 
 // Known vectors: the "check" value of CRC-32C and RFC 3720 appendix B.4.
@@ -63,4 +63,4 @@ TEST(Crc32cTest, DetectsASingleBitFlip) {
 }
 
 }  // namespace
-}  // namespace meshnet::rpc
+}  // namespace meshnet

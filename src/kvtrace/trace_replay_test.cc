@@ -1,7 +1,7 @@
 // Tests of the trace replayer: the Python-compatible JSON layer, the argument
 // semantics, and whole replays (checked against values derived from the spec
 // independently of the replayer, and the two append paths against each other).
-#include "kv/trace_replay.h"
+#include "kvtrace/trace_replay.h"
 
 #include <gtest/gtest.h>
 
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "kv/trace_args.h"
-#include "kv/trace_json.h"
+#include "kvtrace/trace_args.h"
+#include "kvtrace/trace_json.h"
 #include "util/dtype.h"
 #include "util/hash.h"
 

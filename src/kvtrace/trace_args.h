@@ -16,7 +16,7 @@
 
 #include "kv/hot_kv_state.h"
 #include "kv/recipe.h"
-#include "kv/trace_json.h"
+#include "kvtrace/trace_json.h"
 
 namespace meshnet::kv::trace {
 

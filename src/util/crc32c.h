@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace meshnet::rpc {
+namespace meshnet {
 
 // Extends `crc` (0 for a fresh checksum) over n bytes.
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
@@ -25,4 +25,4 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
 // Whether Crc32cExtend uses the hardware instruction on this CPU.
 bool Crc32cHardwareAvailable();
 
-}  // namespace meshnet::rpc
+}  // namespace meshnet

@@ -1,6 +1,6 @@
 // Python semantics of trace op arguments. Every rule here cites the reference
 // expression it reproduces (seed_replay.py and meshnet_node/hot_kv_state.py).
-#include "kv/trace_args.h"
+#include "kvtrace/trace_args.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "rpc/crc32c.h"
+#include "util/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace meshnet::rpc {
+namespace meshnet {
 
 namespace {
 
@@ -94,4 +94,4 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   return Crc32cExtendPortable(crc, data, n);
 }
 
-}  // namespace meshnet::rpc
+}  // namespace meshnet

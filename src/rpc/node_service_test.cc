@@ -1,6 +1,7 @@
-// NodeCore without a network: the codec + validation + binding + idempotency
-// path on the shipped stories260K model (5 layers, split 0-1 / 2-3 / 4-4).
-#include "rpc/node_core.h"
+// NodeService without a network: the codec + NodeCore's validation + binding
+// + idempotency path on the shipped stories260K model (5 layers, split 0-1 /
+// 2-3 / 4-4).
+#include "rpc/node_service.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
+#include "node/identity.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::rpc {
@@ -31,11 +33,11 @@ mesh::InProcessMeshOptions Split(int64_t budget = 8 << 20) {
   return o;
 }
 
-// A ShardEndpoint that goes through the wire encoding and a NodeCore, as a
+// A ShardEndpoint that goes through the wire encoding and a NodeService, as a
 // remote node does, without gRPC.
 class CoreEndpoint final : public mesh::ShardEndpoint {
  public:
-  explicit CoreEndpoint(NodeCore* core) : core_(core) {}
+  explicit CoreEndpoint(NodeService* core) : core_(core) {}
   std::string name() const override { return "core"; }
   mesh::ShardInfo Info() override {
     pb::InfoResponse r;
@@ -59,19 +61,18 @@ class CoreEndpoint final : public mesh::ShardEndpoint {
   }
 
  private:
-  NodeCore* core_;
+  NodeService* core_;
 };
 
-class NodeCoreTest : public ::testing::Test {
+class NodeServiceTest : public ::testing::Test {
  protected:
   void SetUp() override { Build(Split()); }
 
-  void Build(const mesh::InProcessMeshOptions& o, NodeCoreOptions co = {}) {
+  void Build(const mesh::InProcessMeshOptions& o, node::NodeCoreOptions co = {}) {
     cores_.clear();
     mesh_ = std::make_unique<mesh::InProcessMesh>(File(), o, nullptr);
-    const std::string id = mesh::ModelIdentity(*File());
     for (int i = 0; i < 3; ++i) {
-      cores_.push_back(std::make_unique<NodeCore>(&mesh_->adapter(i), id, co));
+      cores_.push_back(std::make_unique<NodeService>(&mesh_->node(i), co));
     }
   }
 
@@ -104,12 +105,12 @@ class NodeCoreTest : public ::testing::Test {
   }
 
   std::unique_ptr<mesh::InProcessMesh> mesh_;
-  std::vector<std::unique_ptr<NodeCore>> cores_;
+  std::vector<std::unique_ptr<NodeService>> cores_;
 };
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429};
 
-TEST_F(NodeCoreTest, GenerationThroughTheWireMatchesInProcess) {
+TEST_F(NodeServiceTest, GenerationThroughTheWireMatchesInProcess) {
   for (float temperature : {0.0f, 0.8f}) {
     mesh::GenerateOptions o;
     o.max_tokens = 24;
@@ -125,9 +126,9 @@ TEST_F(NodeCoreTest, GenerationThroughTheWireMatchesInProcess) {
   }
 }
 
-TEST_F(NodeCoreTest, RetriedStepIsAnsweredFromTheFirstResult) {
-  const std::string id = mesh::RandomId128();
-  NodeCore& head = *cores_[0];
+TEST_F(NodeServiceTest, RetriedStepIsAnsweredFromTheFirstResult) {
+  const std::string id = node::RandomId128();
+  NodeService& head = *cores_[0];
   pb::StepResponse first, again;
   head.Step(HeadRequest(id, "s", kPrompt, 1, true), &first);
   ASSERT_TRUE(first.has_bundle());
@@ -153,9 +154,9 @@ TEST_F(NodeCoreTest, RetriedStepIsAnsweredFromTheFirstResult) {
   EXPECT_EQ(head.counters().steps_replayed.load(), 2);
 }
 
-TEST_F(NodeCoreTest, ConcurrentRetriesRunTheStepOnce) {
-  const std::string id = mesh::RandomId128();
-  NodeCore& head = *cores_[0];
+TEST_F(NodeServiceTest, ConcurrentRetriesRunTheStepOnce) {
+  const std::string id = node::RandomId128();
+  NodeService& head = *cores_[0];
   pb::StepResponse p;
   head.Step(HeadRequest(id, "s", kPrompt, 1, true), &p);
   const pb::StepRequest decode = HeadRequest(id, "s", {42}, 2, false, 6);
@@ -184,9 +185,9 @@ TEST_F(NodeCoreTest, ConcurrentRetriesRunTheStepOnce) {
   EXPECT_EQ(SeqLen(0, id, 0), 7);
 }
 
-TEST_F(NodeCoreTest, WrongSecretIsRefusedEverywhere) {
-  const std::string id = mesh::RandomId128();
-  NodeCore& head = *cores_[0];
+TEST_F(NodeServiceTest, WrongSecretIsRefusedEverywhere) {
+  const std::string id = node::RandomId128();
+  NodeService& head = *cores_[0];
   pb::StepResponse r;
   head.Step(HeadRequest(id, "owner", kPrompt, 1, true), &r);
   auto expect_denied = [](const std::function<void()>& f) {
@@ -223,8 +224,8 @@ TEST_F(NodeCoreTest, WrongSecretIsRefusedEverywhere) {
   EXPECT_EQ(SeqLen(0, id, 0), -1);
 }
 
-TEST_F(NodeCoreTest, MalformedInputIsRejectedAndChangesNothing) {
-  const std::string id = mesh::RandomId128();
+TEST_F(NodeServiceTest, MalformedInputIsRejectedAndChangesNothing) {
+  const std::string id = node::RandomId128();
   // A real bundle from the head, then a good middle step to have state.
   pb::StepResponse h;
   cores_[0]->Step(HeadRequest(id, "s", kPrompt, 1, true), &h);
@@ -289,11 +290,11 @@ TEST_F(NodeCoreTest, MalformedInputIsRejectedAndChangesNothing) {
   EXPECT_EQ(SeqLen(0, id, 0), 6);
 }
 
-TEST_F(NodeCoreTest, StepOverTheWholeBudgetIsInvalid) {
+TEST_F(NodeServiceTest, StepOverTheWholeBudgetIsInvalid) {
   // 2 owned layers * 2 * 4 kv heads * 8 dims * 4 bytes = 512 bytes per token,
   // 16-token blocks: 16 KiB holds two blocks (32 tokens).
   Build(Split(16 << 10));
-  const std::string id = mesh::RandomId128();
+  const std::string id = node::RandomId128();
   std::vector<int32_t> long_prompt(33, 7);
   pb::StepResponse resp;
   try {
@@ -309,18 +310,18 @@ TEST_F(NodeCoreTest, StepOverTheWholeBudgetIsInvalid) {
   EXPECT_TRUE(resp.has_bundle());
 }
 
-TEST_F(NodeCoreTest, UnboundSessionsMissAndBindingsAreBounded) {
-  NodeCoreOptions co;
+TEST_F(NodeServiceTest, UnboundSessionsMissAndBindingsAreBounded) {
+  node::NodeCoreOptions co;
   co.max_bindings = 2;
   Build(Split(), co);
-  NodeCore& head = *cores_[0];
+  NodeService& head = *cores_[0];
   pb::StepResponse r;
   // A decode for a session nobody opened: a miss, not an error.
-  head.Step(HeadRequest(mesh::RandomId128(), "s", {3}, 1, false, 0), &r);
+  head.Step(HeadRequest(node::RandomId128(), "s", {3}, 1, false, 0), &r);
   ASSERT_TRUE(r.has_miss());
   EXPECT_EQ(r.miss().reason(), pb::CACHE_MISS_UNKNOWN_SESSION);
 
-  const std::string a = mesh::RandomId128(), b = mesh::RandomId128(), c = mesh::RandomId128();
+  const std::string a = node::RandomId128(), b = node::RandomId128(), c = node::RandomId128();
   for (const auto& id : {a, b, c}) head.Step(HeadRequest(id, "s", kPrompt, 1, true), &r);
   EXPECT_EQ(head.bindings(), 2);
   EXPECT_EQ(SeqLen(0, a, 0), -1) << "dropping a binding releases its state";
@@ -330,14 +331,14 @@ TEST_F(NodeCoreTest, UnboundSessionsMissAndBindingsAreBounded) {
   EXPECT_TRUE(r.has_miss()) << "an unbound id is a miss for anyone, never someone else's state";
 }
 
-TEST_F(NodeCoreTest, InfoDescribesTheShard) {
+TEST_F(NodeServiceTest, InfoDescribesTheShard) {
   pb::InfoResponse info;
   cores_[1]->Info(&info);
   EXPECT_EQ(info.start_layer(), 2);
   EXPECT_EQ(info.end_layer(), 3);
   EXPECT_EQ(info.total_layers(), 5);
   EXPECT_EQ(info.architecture(), "llama");
-  EXPECT_EQ(info.model_id(), mesh::ModelIdentity(*File()));
+  EXPECT_EQ(info.model_id(), node::ModelIdentity(*File()));
   EXPECT_EQ(info.recipe_fingerprint(), mesh_->adapter(1).recipe().Fingerprint());
   EXPECT_EQ(info.kv_budget_bytes(), 8 << 20);
   EXPECT_EQ(info.kv_bytes_free(), 8 << 20);

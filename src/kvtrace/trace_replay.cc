@@ -16,7 +16,7 @@
 // its key; it is exact for every live key, because only open / append /
 // truncate change a live context and each of them reports the new length. A
 // dead key's rows are never observed (the append misses).
-#include "kv/trace_replay.h"
+#include "kvtrace/trace_replay.h"
 
 #include <algorithm>
 #include <bit>
@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "kv/hot_kv_state.h"
-#include "kv/trace_args.h"
-#include "kv/trace_json.h"
+#include "kvtrace/trace_args.h"
+#include "kvtrace/trace_json.h"
 #include "util/clock.h"
 #include "util/hash.h"
 

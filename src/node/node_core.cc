@@ -1,0 +1,381 @@
+// NodeCore implementation. See node_core.h for the contract.
+//
+// Lifetime of a binding: created by the first prefill of a session id, linked
+// into bindings_ and lru_. Unlinked by Release, or by capacity eviction (never
+// while a step is in flight), which also releases its KV state. A step holds
+// a shared_ptr to its binding, so an unlink during the step is safe: the step
+// finishes on the orphan and its result is simply not cached.
+#include "node/node_core.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "node/identity.h"
+#include "util/crc32c.h"
+#include "util/secret.h"
+
+namespace meshnet::node {
+
+namespace {
+
+constexpr auto kRetryWait = std::chrono::seconds(60);
+
+using Clock = std::chrono::steady_clock;
+
+int64_t MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+}
+
+// A digest of everything in a step request that determines its reply (secret
+// and ids aside): a retry must match it to be answered from the cache.
+uint32_t RequestDigest(const StepRequest& r, const ReplyFormat& format) {
+  uint32_t c = 0;
+  auto mix = [&c](const void* p, size_t n) { c = Crc32cExtend(c, p, n); };
+  const int64_t head[4] = {r.prefill ? 1 : 0, r.expected_seq_len.has_value() ? 1 : 0,
+                           r.expected_seq_len.value_or(0), r.bundle ? 2 : 1};
+  mix(head, sizeof head);
+  if (r.bundle) {
+    const shard::BoundaryBundle& b = *r.bundle;
+    const int64_t shape[4] = {b.n_tokens, b.n_embd, b.next_layer, b.normalized ? 1 : 0};
+    mix(shape, sizeof shape);
+    mix(b.positions.data(), sizeof(int64_t) * b.positions.size());
+    mix(b.residual.data(), sizeof(float) * b.residual.size());
+  } else {
+    mix(r.token_ids.data(), sizeof(int32_t) * r.token_ids.size());
+  }
+  const auto& s = r.sampling;
+  const float f[2] = {s.temperature, s.top_p};
+  const int64_t rest[4] = {s.top_k, static_cast<int64_t>(s.seed),
+                           static_cast<int64_t>(format.bundle_dtype), format.want_logits ? 1 : 0};
+  mix(f, sizeof f);
+  mix(rest, sizeof rest);
+  return c;
+}
+
+// Bytes a result takes as the caller sends it (what the replay cache counts).
+int64_t ReplyBytes(const StepResult& r, const ReplyFormat& format) {
+  constexpr int64_t kOverhead = 64;
+  if (const auto* b = std::get_if<shard::BoundaryBundle>(&r)) {
+    return kOverhead + static_cast<int64_t>(b->residual.size()) * KvDtypeSize(format.bundle_dtype) +
+           static_cast<int64_t>(b->positions.size() * sizeof(int64_t));
+  }
+  if (const auto* t = std::get_if<shard::TailOutput>(&r)) {
+    return kOverhead + static_cast<int64_t>(t->logits.size() * sizeof(float));
+  }
+  const auto& m = std::get<kv::CacheMiss>(r);
+  return kOverhead + static_cast<int64_t>(m.session_id.size() + m.detail.size());
+}
+
+[[noreturn]] void Denied(const std::string& session_id) {
+  throw Error(ErrorKind::kPermissionDenied,
+              "session " + session_id.substr(0, 8) +
+                  " is bound to another secret; only its opener may use it");
+}
+
+kv::CacheMiss UnboundMiss(const std::string& session_id, int64_t route_epoch) {
+  return kv::CacheMiss{session_id, route_epoch, kv::CacheMissReason::kUnknownSession,
+                       "no session bound on this node"};
+}
+
+}  // namespace
+
+void NodeCounters::ObserveLatency(double seconds) {
+  int i = 0;
+  while (i < kNumLatencyBuckets && seconds > LatencyBucketBound(i)) ++i;
+  latency_buckets[i].fetch_add(1, std::memory_order_relaxed);
+  latency_count.fetch_add(1, std::memory_order_relaxed);
+  latency_sum_nanos.fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
+}
+
+void NodeCounters::CountError(ErrorKind kind) {
+  const int k = static_cast<int>(kind);
+  if (k >= 0 && k < 16) errors[k].fetch_add(1, std::memory_order_relaxed);
+}
+
+void NodeCounters::CountResult(const StepResult& result) {
+  if (std::holds_alternative<shard::BoundaryBundle>(result)) {
+    steps_bundle.fetch_add(1);
+  } else if (std::holds_alternative<shard::TailOutput>(result)) {
+    steps_tail.fetch_add(1);
+  } else {
+    steps_miss.fetch_add(1);
+  }
+}
+
+// Fields other than the immutable session_id are guarded by NodeCore::mu_.
+struct NodeCore::Binding {
+  std::string session_id;
+  std::string secret_digest;  // SHA-256 of the opener's secret
+  int64_t latest_epoch = 0;
+  bool linked = false;
+  std::list<Binding*>::iterator lru_it;
+  // The step in flight, if any.
+  bool in_flight = false;
+  int64_t flight_epoch = 0;
+  uint64_t flight_step = 0;
+  // The last reply, for retries.
+  std::unique_ptr<StepReply> result;
+  int64_t result_epoch = 0;
+  uint64_t result_step = 0;
+  uint32_t result_digest = 0;
+  int64_t result_bytes = 0;
+};
+
+NodeCore::NodeCore(Node* node, NodeCoreOptions options)
+    : node_(node), options_(options), instance_id_(RandomId128()) {
+  if (options_.max_bindings < 1) ThrowInvalidArgument("max_bindings must be >= 1");
+  if (options_.replay_cache_bytes < 0) ThrowInvalidArgument("replay_cache_bytes must be >= 0");
+}
+
+NodeCore::~NodeCore() = default;
+
+int64_t NodeCore::bindings() const {
+  MutexLock lock(&mu_);
+  return static_cast<int64_t>(bindings_.size());
+}
+
+NodeInfo NodeCore::Info() {
+  NodeInfo out;
+  out.shard = node_->Info();
+  const kv::HotKvStats s = manager().Stats();
+  const auto& hp = node_->shard().hparams();
+  out.instance_id = instance_id_;
+  out.kv_bytes_reserved = s.bytes_reserved;
+  NotePeak();
+  out.kv_bytes_reserved_peak =
+      std::max(s.bytes_reserved, counters_.kv_bytes_reserved_peak.load(std::memory_order_relaxed));
+  out.n_embd = hp.n_embd;
+  out.vocab_size = hp.vocab_size;
+  out.steps_served =
+      counters_.steps_bundle.load() + counters_.steps_tail.load() + counters_.steps_miss.load();
+  return out;
+}
+
+int64_t NodeCore::BytesForTokens(int64_t n_tokens) const {
+  const int64_t bt = manager().config().block_tokens;
+  return (n_tokens + bt - 1) / bt * bt * node_->adapter().recipe().BytesPerToken();
+}
+
+void NodeCore::Validate(const StepRequest& r) const {
+  ValidateSessionKey(r.session_id, r.session_secret, r.route_epoch);
+  const int64_t n_tokens = node_->Validate(r);
+  const int64_t need = BytesForTokens(n_tokens);
+  const int64_t budget = manager().config().budget_bytes;
+  if (need > budget) {
+    ThrowInvalidArgument("a step of " + std::to_string(n_tokens) + " tokens needs " +
+                         std::to_string(need) + " bytes of KV, over this node's whole budget of " +
+                         std::to_string(budget));
+  }
+}
+
+NodeCore::BindingPtr NodeCore::FindChecked(const std::string& session_id,
+                                           const std::string& secret_digest) {
+  auto it = bindings_.find(session_id);
+  if (it == bindings_.end()) return nullptr;
+  if (!DigestEquals(secret_digest, it->second->secret_digest)) Denied(session_id);
+  return it->second;
+}
+
+NodeCore::BindingPtr NodeCore::CreateBinding(const std::string& session_id,
+                                             std::string secret_digest) {
+  EvictBindingsOverCapacity();
+  auto b = std::make_shared<Binding>();
+  b->session_id = session_id;
+  b->secret_digest = std::move(secret_digest);
+  lru_.push_front(b.get());
+  b->lru_it = lru_.begin();
+  b->linked = true;
+  bindings_.emplace(session_id, b);
+  return b;
+}
+
+void NodeCore::Unlink(Binding& b) {
+  DropCachedResult(b);
+  b.linked = false;
+  lru_.erase(b.lru_it);
+  const std::string id = b.session_id;
+  bindings_.erase(id);  // may free b
+}
+
+void NodeCore::Touch(Binding& b) {
+  if (b.linked) lru_.splice(lru_.begin(), lru_, b.lru_it);
+}
+
+void NodeCore::DropCachedResult(Binding& b) {
+  if (!b.result) return;
+  cached_bytes_ -= b.result_bytes;
+  b.result.reset();
+  b.result_bytes = 0;
+}
+
+void NodeCore::EvictBindingsOverCapacity() {
+  // Oldest first; a binding with a step in flight stays.
+  auto it = lru_.end();
+  while (static_cast<int64_t>(bindings_.size()) >= options_.max_bindings && it != lru_.begin()) {
+    --it;
+    Binding* victim = *it;
+    if (victim->in_flight) continue;
+    const std::string id = victim->session_id;
+    const int64_t epoch = victim->latest_epoch;
+    ++it;  // Unlink erases `victim` from lru_
+    Unlink(*victim);
+    node_->Release(id, epoch);
+  }
+}
+
+void NodeCore::TrimReplayCache(int64_t incoming) {
+  for (auto it = lru_.rbegin();
+       it != lru_.rend() && cached_bytes_ + incoming > options_.replay_cache_bytes; ++it) {
+    DropCachedResult(**it);
+  }
+}
+
+void NodeCore::NotePeak() {
+  const int64_t now = manager().Stats().bytes_reserved;
+  int64_t peak = counters_.kv_bytes_reserved_peak.load(std::memory_order_relaxed);
+  while (now > peak && !counters_.kv_bytes_reserved_peak.compare_exchange_weak(
+                           peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+std::optional<StepReply> NodeCore::ReplayLocked(Binding& b, const Flight& f) {
+  const auto deadline = Clock::now() + kRetryWait;
+  while (b.in_flight && b.flight_epoch == f.epoch && b.flight_step == f.step_id) {
+    if (Clock::now() >= deadline) {
+      throw Error(ErrorKind::kSessionBusy,
+                  "step " + std::to_string(f.step_id) + " of this session is still running");
+    }
+    step_done_.WaitUntil(deadline);
+  }
+  if (!b.result || b.result_epoch != f.epoch || b.result_step != f.step_id) return std::nullopt;
+  if (b.result_digest != f.digest) {
+    ThrowInvalidArgument("step id " + std::to_string(f.step_id) +
+                         " was already used with a different request at epoch " +
+                         std::to_string(f.epoch));
+  }
+  StepReply replay = *b.result;
+  replay.replayed = true;
+  return replay;
+}
+
+std::optional<StepReply> NodeCore::BeginFlight(const StepRequest& r, Flight* f) {
+  std::string secret_digest = SecretDigest(r.session_secret);
+  MutexLock lock(&mu_);
+  BindingPtr b = FindChecked(r.session_id, secret_digest);
+  if (!b) {
+    if (!r.prefill) return StepReply{UnboundMiss(r.session_id, r.route_epoch)};
+    b = CreateBinding(r.session_id, std::move(secret_digest));
+  }
+  Touch(*b);
+  if (f->step_id != 0) {
+    if (std::optional<StepReply> replay = ReplayLocked(*b, *f)) return replay;
+  }
+  if (b->in_flight) {
+    throw Error(ErrorKind::kSessionBusy,
+                "another step of session " + r.session_id.substr(0, 8) + " is in flight");
+  }
+  b->in_flight = true;
+  b->flight_epoch = f->epoch;
+  b->flight_step = f->step_id;
+  b->latest_epoch = std::max(b->latest_epoch, f->epoch);
+  f->binding = std::move(b);
+  return std::nullopt;
+}
+
+void NodeCore::CacheLocked(Binding& b, const Flight& f, const ReplyFormat& format,
+                           const StepReply& reply) {
+  DropCachedResult(b);
+  const int64_t bytes = ReplyBytes(reply.result, format);
+  if (bytes > options_.replay_cache_bytes) return;
+  TrimReplayCache(bytes);
+  b.result = std::make_unique<StepReply>(reply);
+  if (auto* t = std::get_if<shard::TailOutput>(&b.result->result); t && !format.want_logits) {
+    t->logits = {};  // never sent for this request: not kept either
+  }
+  b.result_epoch = f.epoch;
+  b.result_step = f.step_id;
+  b.result_digest = f.digest;
+  b.result_bytes = bytes;
+  cached_bytes_ += bytes;
+}
+
+void NodeCore::EndFlight(const Flight& f, const ReplyFormat& format, const StepReply* reply) {
+  MutexLock lock(&mu_);
+  Binding& b = *f.binding;
+  b.in_flight = false;
+  if (reply != nullptr && f.step_id != 0 && b.linked) CacheLocked(b, f, format, *reply);
+  step_done_.SignalAll();
+}
+
+StepReply NodeCore::RunFlight(StepRequest& r, const Flight& f, const ReplyFormat& format) {
+  StepReply reply;
+  const auto c0 = Clock::now();
+  try {
+    reply.result = node_->Step(r);
+  } catch (...) {
+    EndFlight(f, format, nullptr);
+    throw;
+  }
+  reply.compute_micros = MicrosSince(c0);
+  EndFlight(f, format, &reply);
+  return reply;
+}
+
+StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
+  const auto t0 = Clock::now();
+  try {
+    Validate(r);
+    Flight f;
+    f.epoch = r.route_epoch;
+    f.step_id = r.step_id;
+    f.digest = RequestDigest(r, format);  // before the step takes the bundle over
+    if (std::optional<StepReply> answered = BeginFlight(r, &f)) {
+      if (answered->replayed) {
+        counters_.steps_replayed.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        counters_.steps_miss.fetch_add(1, std::memory_order_relaxed);
+      }
+      return std::move(*answered);
+    }
+    StepReply reply = RunFlight(r, f, format);
+    NotePeak();
+    counters_.CountResult(reply.result);
+    counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
+    return reply;
+  } catch (const Error& e) {
+    counters_.CountError(e.kind());
+    throw;
+  }
+}
+
+TruncateReply NodeCore::Truncate(const std::string& session_id, const std::string& secret,
+                                 int64_t route_epoch, int64_t length) {
+  ValidateSessionKey(session_id, secret, route_epoch);
+  const std::string digest = SecretDigest(secret);
+  {
+    MutexLock lock(&mu_);
+    BindingPtr b = FindChecked(session_id, digest);
+    if (!b) return UnboundMiss(session_id, route_epoch);
+    DropCachedResult(*b);  // the state changes: an older result must not be replayed
+  }
+  try {
+    return manager().Truncate(session_id, route_epoch, length);
+  } catch (const kv::CacheMissError& e) {
+    return e.miss();
+  }
+}
+
+bool NodeCore::Release(const std::string& session_id, const std::string& secret,
+                       int64_t route_epoch) {
+  ValidateSessionKey(session_id, secret, route_epoch);
+  const std::string digest = SecretDigest(secret);
+  {
+    MutexLock lock(&mu_);
+    BindingPtr b = FindChecked(session_id, digest);
+    if (!b) return false;
+    Unlink(*b);
+  }
+  return node_->Release(session_id, route_epoch);
+}
+
+}  // namespace meshnet::node

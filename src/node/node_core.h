@@ -1,0 +1,159 @@
+// NodeCore: everything a serving node does for one request on top of its
+// Node, on node-level types (no transport; rpc/ is a thin shell over it).
+//
+//  * validation before anything runs: the request is checked against this
+//    shard (Node::Validate: role, boundary contract, vocabulary) and a step
+//    whose own token count exceeds the KV budget is refused, so a malformed
+//    request changes nothing (Error kInvalidArgument / kBoundaryContract);
+//  * session binding: the first prefill of a session id binds it to
+//    SHA-256(secret); every later step, truncate or release must present the
+//    same secret (Error kPermissionDenied). Bindings are bounded
+//    (max_bindings, LRU among those without a step in flight); dropping a
+//    binding releases the session's state, so an unbound session never has
+//    live state and a step for it is answered with a CacheMiss;
+//  * idempotent steps: each binding keeps the last result under its
+//    (epoch, step id) with a digest of the request and its reply format. A
+//    retry with the same key is answered from it (`replayed`), never run
+//    twice; a retry arriving while the first is still running waits for it.
+//    Cached results are bounded in total bytes (replay_cache_bytes, counted as
+//    the encoded result; LRU drop — a decode retry that misses the cache is
+//    then refused by expected_seq_len as a CacheMiss, never appended twice).
+//    step_id 0 opts out.
+// A step that finds the KV room pinned by other in-flight steps waits in the
+// KV manager (HotKvStateConfig::pinned_wait_seconds), not here.
+//
+// No lock is held while the shard computes.
+//
+// Thread-safety: all methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <variant>
+
+#include "node/node.h"
+#include "node/step.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/mutex.h"
+
+namespace meshnet::node {
+
+struct NodeCoreOptions {
+  int64_t max_bindings = 4096;
+  int64_t replay_cache_bytes = 64LL << 20;
+};
+
+// How the caller will send a result back: part of what a retry must repeat.
+struct ReplyFormat {
+  KvDtype bundle_dtype = KvDtype::kF32;  // dtype of an answered bundle's rows
+  bool want_logits = true;               // a tail answer carries the logits row
+};
+
+struct StepReply {
+  StepResult result;
+  bool replayed = false;       // answered from the result of an earlier try
+  int64_t compute_micros = 0;  // time in the shard (0 when replayed or a miss)
+};
+
+// Truncate's answer: the new length, or a miss.
+using TruncateReply = std::variant<int64_t, kv::CacheMiss>;
+
+// Monotonic counters for metrics (relaxed atomics; read at scrape time).
+struct NodeCounters {
+  static constexpr int kNumLatencyBuckets = 16;  // upper bounds 50us * 2^i, then +Inf
+  static double LatencyBucketBound(int i) { return 50e-6 * static_cast<double>(1 << i); }
+
+  std::atomic<int64_t> steps_bundle{0};
+  std::atomic<int64_t> steps_tail{0};
+  std::atomic<int64_t> steps_miss{0};
+  std::atomic<int64_t> steps_replayed{0};
+  std::atomic<int64_t> errors[16] = {};  // by ErrorKind
+  std::atomic<int64_t> latency_buckets[kNumLatencyBuckets + 1] = {};
+  std::atomic<int64_t> latency_count{0};
+  std::atomic<int64_t> latency_sum_nanos{0};
+  std::atomic<int64_t> kv_bytes_reserved_peak{0};
+
+  void ObserveLatency(double seconds);
+  void CountError(ErrorKind kind);
+  void CountResult(const StepResult& result);
+};
+
+class NodeCore {
+ public:
+  // `node` must outlive the core. kInvalidArgument for bad options.
+  explicit NodeCore(Node* node, NodeCoreOptions options = {});
+  ~NodeCore();
+  NodeCore(const NodeCore&) = delete;
+  NodeCore& operator=(const NodeCore&) = delete;
+
+  NodeInfo Info();
+  // Throws meshnet::Error; a CacheMiss is a value in the reply.
+  StepReply Step(StepRequest request, const ReplyFormat& format = {});
+  TruncateReply Truncate(const std::string& session_id, const std::string& secret,
+                         int64_t route_epoch, int64_t length);
+  // Whether state was held.
+  bool Release(const std::string& session_id, const std::string& secret, int64_t route_epoch);
+
+  Node& node() const { return *node_; }
+  kv::HotKvStateManager& manager() const { return node_->manager(); }
+  NodeCounters& counters() { return counters_; }
+  const std::string& instance_id() const { return instance_id_; }
+  int64_t bindings() const EXCLUDES(mu_);
+
+ private:
+  struct Binding;
+  using BindingPtr = std::shared_ptr<Binding>;
+  // The step being run: its binding and its retry key.
+  struct Flight {
+    BindingPtr binding;
+    int64_t epoch = 0;
+    uint64_t step_id = 0;
+    uint32_t digest = 0;  // RequestDigest of the request and reply format
+  };
+
+  void Validate(const StepRequest& r) const;
+  // Binds or finds the session and claims the step (filling `flight`), or
+  // answers it at once: a miss for an unbound session, the cached result of a
+  // retry.
+  std::optional<StepReply> BeginFlight(const StepRequest& r, Flight* flight) EXCLUDES(mu_);
+  // Waits while a try of the same step runs; the cached result of an earlier
+  // try, if any (kInvalidArgument if the step id was used for another request).
+  std::optional<StepReply> ReplayLocked(Binding& b, const Flight& f) REQUIRES(mu_);
+  StepReply RunFlight(StepRequest& r, const Flight& f, const ReplyFormat& format);
+  // Ends the flight; caches `reply` (when given) for retries.
+  void EndFlight(const Flight& f, const ReplyFormat& format, const StepReply* reply) EXCLUDES(mu_);
+  void CacheLocked(Binding& b, const Flight& f, const ReplyFormat& format, const StepReply& reply)
+      REQUIRES(mu_);
+  // Looks up the binding and checks the secret (kPermissionDenied).
+  BindingPtr FindChecked(const std::string& session_id, const std::string& secret_digest)
+      REQUIRES(mu_);
+  BindingPtr CreateBinding(const std::string& session_id, std::string secret_digest) REQUIRES(mu_);
+  void Unlink(Binding& b) REQUIRES(mu_);
+  void Touch(Binding& b) REQUIRES(mu_);
+  void DropCachedResult(Binding& b) REQUIRES(mu_);
+  void EvictBindingsOverCapacity() REQUIRES(mu_);
+  void TrimReplayCache(int64_t incoming) REQUIRES(mu_);
+  void NotePeak();
+  // KV bytes `n_tokens` positions occupy in whole blocks.
+  int64_t BytesForTokens(int64_t n_tokens) const;
+
+  Node* node_;
+  NodeCoreOptions options_;
+  std::string instance_id_;
+  NodeCounters counters_;
+
+  mutable Mutex mu_;
+  CondVar step_done_{&mu_};  // a flight ended
+  std::unordered_map<std::string, BindingPtr> bindings_ GUARDED_BY(mu_);
+  // Every binding in bindings_ is on lru_ (front = most recent).
+  std::list<Binding*> lru_ GUARDED_BY(mu_);
+  int64_t cached_bytes_ GUARDED_BY(mu_) = 0;  // sum of cached result sizes
+};
+
+}  // namespace meshnet::node

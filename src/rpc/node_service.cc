@@ -1,0 +1,48 @@
+#include "rpc/node_service.h"
+
+#include <utility>
+
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+NodeService::NodeService(node::Node* node, node::NodeCoreOptions options) : core_(node, options) {}
+
+void NodeService::Info(pb::InfoResponse* out) { EncodeNodeInfo(core_.Info(), out); }
+
+void NodeService::Step(const pb::StepRequest& request, pb::StepResponse* response) {
+  node::StepRequest r;
+  node::ReplyFormat format;
+  try {
+    r = DecodeStepRequest(request);
+    if (request.output_dtype() != pb::DTYPE_UNSPECIFIED) {
+      format.bundle_dtype = FromWireDtype(request.output_dtype());
+    }
+    format.want_logits = !request.omit_logits();
+  } catch (const Error& e) {
+    core_.counters().CountError(e.kind());
+    throw;
+  }
+  const node::StepReply reply = core_.Step(std::move(r), format);
+  EncodeStepResult(reply.result, request.route_epoch(), format.bundle_dtype, format.want_logits,
+                   response);
+  response->set_compute_micros(reply.compute_micros);
+  response->set_replayed(reply.replayed);
+}
+
+void NodeService::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response) {
+  const node::TruncateReply reply = core_.Truncate(request.session_id(), request.session_secret(),
+                                                   request.route_epoch(), request.length());
+  if (const auto* len = std::get_if<int64_t>(&reply)) {
+    response->set_seq_len(*len);
+  } else {
+    EncodeCacheMiss(std::get<kv::CacheMiss>(reply), response->mutable_miss());
+  }
+}
+
+void NodeService::Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response) {
+  response->set_released(
+      core_.Release(request.session_id(), request.session_secret(), request.route_epoch()));
+}
+
+}  // namespace meshnet::rpc

@@ -1,0 +1,37 @@
+// NodeService: the meshnet.v1 messages over a node::NodeCore. Decodes (the
+// wire-level checks of rpc/codec.h), calls the core, encodes the answer; the
+// gRPC service in server.cc only adds the cluster token and status mapping.
+// Internal to rpc/ (takes protobuf types).
+//
+// Thread-safety: all methods are thread-safe (NodeCore is).
+#pragma once
+
+#include <cstdint>
+
+#include "node/node.h"
+#include "node/node_core.h"
+#include "rpc/codec.h"
+
+namespace meshnet::rpc {
+
+class NodeService {
+ public:
+  // `node` must outlive the service.
+  explicit NodeService(node::Node* node, node::NodeCoreOptions options = {});
+
+  void Info(pb::InfoResponse* out);
+  // Throws meshnet::Error (the server maps it to a status); a CacheMiss goes
+  // into response->miss (status OK).
+  void Step(const pb::StepRequest& request, pb::StepResponse* response);
+  void Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response);
+  void Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response);
+
+  node::NodeCore& core() { return core_; }
+  node::NodeCounters& counters() { return core_.counters(); }
+  int64_t bindings() const { return core_.bindings(); }
+
+ private:
+  node::NodeCore core_;
+};
+
+}  // namespace meshnet::rpc
