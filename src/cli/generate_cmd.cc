@@ -1,5 +1,6 @@
 // meshnet generate: text generation over a route of shards, in-process by
 // default or over gRPC nodes with --nodes.
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -47,8 +48,22 @@ struct GenerateFlags {
   std::string tls_key;
   double timeout_s = 30.0;
   bool no_bos = false;
+  int64_t ctx = 0;
   std::string in_process_flags;  // in-process-only flags given, e.g. "--split"
 };
+
+volatile std::sig_atomic_t g_cancel_signal = 0;
+
+void OnCancelSignal(int sig) { g_cancel_signal = sig; }
+
+void InstallCancelHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnCancelSignal;
+  sa.sa_flags = SA_RESETHAND;  // the second signal takes the default action
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 int RunGenerate(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
@@ -65,6 +80,16 @@ int RunGenerate(const GenerateFlags& f) {
 
   mesh::GenerateOptions options;
   options.max_tokens = f.max_tokens;
+  const int64_t model_ctx = model::LlamaHParams::FromGguf(*file).context_length;
+  if (f.ctx > model_ctx) {
+    ThrowInvalidArgument("--ctx " + std::to_string(f.ctx) +
+                         " is beyond the model's context length " + std::to_string(model_ctx));
+  }
+  options.context_length = f.ctx > 0 ? f.ctx : model_ctx;
+  // Ctrl-C (SIGINT) or SIGTERM: stop after the current step and release the
+  // session on every node (a second signal ends the process at once).
+  InstallCancelHandlers();
+  options.cancelled = [] { return g_cancel_signal != 0; };
   options.sampling.temperature = f.temperature;
   options.sampling.top_k = f.top_k;
   options.sampling.top_p = f.top_p;
@@ -127,7 +152,18 @@ int RunGenerate(const GenerateFlags& f) {
     std::fwrite(shown.data(), 1, shown.size(), stdout);
     std::fflush(stdout);
   }
-  const mesh::GenerateResult result = mesh::Generate(*provider, prompt_ids, options, events);
+  mesh::GenerateResult result;
+  try {
+    result = mesh::Generate(*provider, prompt_ids, options, events);
+  } catch (const Error& e) {
+    if (g_cancel_signal == 0) throw;
+    std::fprintf(stderr, "\nmeshnet: interrupted; the session was released\n");
+    return 128 + g_cancel_signal;
+  }
+  if (result.stop_reason == "context_length") {
+    std::fprintf(stderr, "\nmeshnet: stopped at the context length (%lld tokens)\n",
+                 static_cast<long long>(options.context_length));
+  }
   if (json) {
     nlohmann::ordered_json out;
     out["prompt_ids"] = prompt_ids;
@@ -179,6 +215,11 @@ const CommandRegistrar kRegistrar(
                            ->check(IntRange(0, kMaxThreads));
        sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
        sub->add_flag("--no-bos", f->no_bos, "Do not prepend the BOS token");
+       sub->add_option("--ctx", f->ctx,
+                       "Context length to stay within (0 = the model's); a longer prompt is "
+                       "refused, generation stops when it is full")
+           ->capture_default_str()
+           ->check(IntRange(0, 1 << 30));
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");

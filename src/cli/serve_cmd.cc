@@ -51,6 +51,12 @@ struct ServeFlags {
   double grace_s = 10.0;
   int rpc_threads = 64;
   std::string log_level = "info";
+  bool insecure = false;
+  int64_t max_message_bytes = 0;
+  double admission_wait_s = 10.0;
+  int64_t admission_queue = 16;
+  double active_window_s = 30.0;
+  int max_calls_per_peer = 32;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -104,6 +110,12 @@ int RunServe(const ServeFlags& f) {
   options.tls_key = f.tls_key;
   options.tls_ca = f.tls_ca;
   options.max_rpc_threads = f.rpc_threads;
+  options.insecure = f.insecure;
+  options.max_message_bytes = f.max_message_bytes;
+  options.max_calls_per_peer = f.max_calls_per_peer;
+  options.admission.max_wait_s = f.admission_wait_s;
+  options.admission.max_waiting = f.admission_queue;
+  options.admission.active_window_s = f.active_window_s;
   options.Validate();
 
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
@@ -180,6 +192,30 @@ const CommandRegistrar kRegistrar(
            ->check(IntRange(2, kMaxRpcThreads));
        sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
            ->capture_default_str();
+       sub->add_flag("--insecure", f->insecure,
+                     "Allow a non-loopback --listen without --auth-token or --tls-ca");
+       sub->add_option("--max-message-bytes", f->max_message_bytes,
+                       "Largest gRPC message (0 = a full-context step of this shard + 1 MiB)")
+           ->capture_default_str()
+           ->check(IntRange(0, 2147483647));
+       sub->add_option("--admission-wait", f->admission_wait_s,
+                       "Seconds a new session waits for a slot when --max-sessions are active, "
+                       "before RESOURCE_EXHAUSTED")
+           ->capture_default_str()
+           ->check(CLI::Range(0.0, 3600.0));
+       sub->add_option("--admission-queue", f->admission_queue,
+                       "New sessions that may wait at once (more are refused at once)")
+           ->capture_default_str()
+           ->check(IntRange(0, 4096));
+       sub->add_option("--active-window", f->active_window_s,
+                       "Seconds since its last step that a session counts as active "
+                       "(never evicted to admit a new one)")
+           ->capture_default_str()
+           ->check(CLI::Range(0.001, 86400.0));
+       sub->add_option("--max-calls-per-peer", f->max_calls_per_peer,
+                       "Concurrent Step/Truncate calls one client address may have")
+           ->capture_default_str()
+           ->check(IntRange(1, kMaxRpcThreads));
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 
