@@ -33,6 +33,13 @@ using testing::NodeProcess;
 
 const std::string kModel = MESHNET_SHIPPED_MODEL;
 
+// Sanitized builds (.ci/run) run the node binary several times slower.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kSlack = 5.0;
+#else
+constexpr double kSlack = 1.0;
+#endif
+
 std::shared_ptr<const gguf::GgufFile> File() {
   static auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(kModel));
   return file;
@@ -285,7 +292,8 @@ TEST_F(LoadTest, LongStepsStopWithTheirCallerAndWithinTheGrace) {
          std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
     // Polling the node's own report: the only signal a remote step gives.
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5))
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            5.0 * kSlack)
       << "the step outlived its caller";
 
   // SIGTERM during a long step: the node ends within --grace + a margin.
@@ -300,7 +308,7 @@ TEST_F(LoadTest, LongStepsStopWithTheirCallerAndWithinTheGrace) {
   const int status = node->Stop(SIGTERM, 30);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   caller.join();
-  EXPECT_LT(took, 3.0) << "--grace 1 took " << took << " s";
+  EXPECT_LT(took, 1.0 + 2.0 * kSlack) << "--grace 1 took " << took << " s";
   EXPECT_TRUE(WIFEXITED(status)) << status;
 }
 
