@@ -1,5 +1,6 @@
 // meshnet generate: text generation over a route of shards, in-process by
 // default or over gRPC nodes with --nodes.
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -9,10 +10,12 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/identity.h"
 #include "node/layer_range.h"
 #include "util/error.h"
 #include "util/sizes.h"
@@ -47,6 +50,8 @@ struct GenerateFlags {
   bool no_bos = false;
   bool special = false;
   std::string dump_logits;
+  int64_t ctx = 0;
+  std::string in_process_flags;  // in-process-only flags given, e.g. "--split"
 };
 
 using LogitsFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
@@ -71,18 +76,44 @@ LogitsFile DumpLogitsTo(const std::string& path, mesh::GenerateEvents& events) {
   return out;
 }
 
+volatile std::sig_atomic_t g_cancel_signal = 0;
+
+void OnCancelSignal(int sig) { g_cancel_signal = sig; }
+
+void InstallCancelHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnCancelSignal;
+  sa.sa_flags = SA_RESETHAND;  // the second signal takes the default action
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
 int RunGenerate(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
-  if (f.max_tokens < 0) ThrowInvalidArgument("--max-tokens must be >= 0");
-  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0");
+  if (!f.nodes.empty() && !f.in_process_flags.empty()) {
+    ThrowInvalidArgument(f.in_process_flags +
+                         " set the in-process shards; with --nodes each node has its own "
+                         "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads)");
+  }
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
   const model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
 
   mesh::GenerateOptions options;
   options.max_tokens = f.max_tokens;
+  const int64_t model_ctx = model::LlamaHParams::FromGguf(*file).context_length;
+  if (f.ctx > model_ctx) {
+    ThrowInvalidArgument("--ctx " + std::to_string(f.ctx) +
+                         " is beyond the model's context length " + std::to_string(model_ctx));
+  }
+  options.context_length = f.ctx > 0 ? f.ctx : model_ctx;
+  // Ctrl-C (SIGINT) or SIGTERM: stop after the current step and release the
+  // session on every node (a second signal ends the process at once).
+  InstallCancelHandlers();
+  options.cancelled = [] { return g_cancel_signal != 0; };
   options.sampling.temperature = f.temperature;
   options.sampling.top_k = f.top_k;
   options.sampling.top_p = f.top_p;
@@ -117,6 +148,7 @@ int RunGenerate(const GenerateFlags& f) {
     co.tls_cert = f.tls_cert;
     co.tls_key = f.tls_key;
     co.timeout_s = f.timeout_s;
+    co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
     co.Validate();
     provider = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
 #else
@@ -149,7 +181,18 @@ int RunGenerate(const GenerateFlags& f) {
     std::fwrite(shown.data(), 1, shown.size(), stdout);
     std::fflush(stdout);
   }
-  const mesh::GenerateResult result = mesh::Generate(*provider, prompt_ids, options, events);
+  mesh::GenerateResult result;
+  try {
+    result = mesh::Generate(*provider, prompt_ids, options, events);
+  } catch (const Error& e) {
+    if (g_cancel_signal == 0) throw;
+    std::fprintf(stderr, "\nmeshnet: interrupted; the session was released\n");
+    return 128 + g_cancel_signal;
+  }
+  if (result.stop_reason == "context_length") {
+    std::fprintf(stderr, "\nmeshnet: stopped at the context length (%lld tokens)\n",
+                 static_cast<long long>(options.context_length));
+  }
   if (json) {
     nlohmann::ordered_json out;
     out["prompt_ids"] = prompt_ids;
@@ -173,29 +216,34 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--model,-m", f->model,
                        "GGUF model file (default: models/stories260K.gguf, looked up in the "
                        "current directory, then above the executable)");
-       sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
-           ->capture_default_str()
-           ->check(CLI::PositiveNumber);
-       sub->add_option("--split", f->split,
-                       "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
+       auto* shards =
+           sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
+               ->capture_default_str()
+               ->check(IntRange(1, kMaxShards));
+       auto* split = sub->add_option(
+           "--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
        sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(0, kMaxGenerateTokens));
        sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")
            ->capture_default_str();
        sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(0, 1 << 30));
        sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")
            ->capture_default_str();
        sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")
            ->capture_default_str();
-       sub->add_option("--kv-budget", f->kv_budget,
-                       "KV byte budget per in-process shard, e.g. 64MiB")
-           ->capture_default_str();
-       sub->add_option("--kv-dtype", f->kv_dtype,
-                       "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
-           ->capture_default_str();
-       sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-           ->capture_default_str();
+       auto* budget = sub->add_option("--kv-budget", f->kv_budget,
+                                      "KV byte budget per in-process shard, e.g. 64MiB")
+                          ->capture_default_str();
+       auto* dtype = sub->add_option("--kv-dtype", f->kv_dtype,
+                                     "KV cache dtype of the in-process shards: float32, float16 "
+                                     "or bfloat16 (or f32, f16, bf16)")
+                         ->capture_default_str();
+       auto* threads = sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+                           ->capture_default_str()
+                           ->check(IntRange(0, kMaxThreads));
        sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
        sub->add_flag("--no-bos", f->no_bos,
                      "Add no BOS/EOS (default: as the model's add_bos/add_eos say)");
@@ -203,14 +251,26 @@ const CommandRegistrar kRegistrar(
                      "Parse control tokens (e.g. <|im_start|>) in the prompt");
        sub->add_option("--dump-logits", f->dump_logits,
                        "Write each step's logits to this file, one JSON array per line");
+       sub->add_option("--ctx", f->ctx,
+                       "Context length to stay within (0 = the model's); a longer prompt is "
+                       "refused, generation stops when it is full")
+           ->capture_default_str()
+           ->check(IntRange(0, 1 << 30));
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
        sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
        sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
-       sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")
+       sub->add_option("--timeout", f->timeout_s,
+                       "Per-call deadline in seconds for --nodes (at most a year is used)")
            ->capture_default_str();
-       sub->callback([f, exit_code] { *exit_code = RunGenerate(*f); });
+       sub->callback([=] {
+         for (const CLI::Option* o : {shards, split, budget, dtype, threads}) {
+           if (o->count() == 0) continue;
+           f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
+         }
+         *exit_code = RunGenerate(*f);
+       });
      }});
 
 }  // namespace

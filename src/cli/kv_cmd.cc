@@ -1,5 +1,6 @@
 // meshnet kv replay: replays a KV trace (../../shared/spec/kv-trace.md) through
 // one HotKvStateManager on a fake clock, one JSON result line per op.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -27,10 +28,10 @@ reference replayer seed_replay.py (contract: spec/kv-trace.md):
   errors    {"error":"stale-epoch"|"incompatible-recipe"|"budget-exceeded"|
                      "invalid-argument"}
 
-Blank lines are skipped. A line that is not valid JSON (or UTF-8), is not an
-object, lacks a required field, or has a "t" that Python's float() refuses
-yields {"error":"invalid-argument"} and the replay goes on; such a line changes
-nothing (not even the clock). Python's typing is mirrored (a bool is not an
+Blank lines are skipped. A line that is longer than 1 MiB, is not valid JSON
+(or UTF-8), is not an object, lacks a required field, or has a "t" that
+Python's float() refuses yields {"error":"invalid-argument"} and the replay
+goes on; such a line changes nothing (not even the clock). Python's typing is mirrored (a bool is not an
 int for epoch/tokens, a float epoch is invalid, expected_seq_len is compared
 with Python's `!=`, a second config re-creates the manager).
 
@@ -55,7 +56,8 @@ Where this replayer knowingly differs from the reference:
     \udxxx escape).
 
 Exit status: 0 after replaying the whole trace (error results included),
-1 if reading or writing failed, 2 for a bad command line or unreadable file.)";
+1 if reading or writing failed midway, 2 for a bad command line or an input
+that cannot be opened or is a directory.)";
 
 void SetupKv(CLI::App* kv, int* exit_code) {
   kv->require_subcommand(1);
@@ -86,6 +88,12 @@ void SetupKv(CLI::App* kv, int* exit_code) {
     std::ifstream in_file;
     std::istream* in = &std::cin;
     if (flags->input != "-") {
+      // A directory opens as a stream that fails on the first read (exit 1);
+      // it is an unreadable file, exit 2 like any other.
+      std::error_code ec;
+      if (std::filesystem::is_directory(flags->input, ec)) {
+        throw Error(ErrorKind::kInvalidArgument, "cannot read " + flags->input + ": a directory");
+      }
       in_file.open(flags->input, std::ios::binary);
       if (!in_file) throw Error(ErrorKind::kInvalidArgument, "cannot open " + flags->input);
       in = &in_file;

@@ -5,7 +5,8 @@
 // The first line on stdout is "listening on HOST:PORT" (the bound port when
 // --listen asks for port 0); with --metrics-listen the second is
 // "metrics on HOST:PORT". Logs go to stderr. SIGINT/SIGTERM stop accepting
-// calls and let in-flight steps finish (up to --grace seconds).
+// calls and let in-flight steps finish (up to --grace seconds); before the
+// node serves, or a second time, they end the process at once.
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +18,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
 #include "model/hparams.h"
@@ -25,6 +27,7 @@
 #include "rpc/server.h"
 #include "util/error.h"
 #include "util/sizes.h"
+#include "util/stop_signals.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::cli {
@@ -48,9 +51,31 @@ struct ServeFlags {
   double grace_s = 10.0;
   int rpc_threads = 64;
   std::string log_level = "info";
+  bool insecure = false;
+  int64_t max_message_bytes = 0;
+  double admission_wait_s = 10.0;
+  int64_t admission_queue = 16;
+  double active_window_s = 30.0;
+  int max_calls_per_peer = 32;
 };
 
+// One block of `block_tokens` positions must fit the byte budget, or every
+// step would be refused: say so at start.
+void CheckBlockFitsBudget(const kv::KvCacheRecipe& recipe, const kv::HotKvStateConfig& c) {
+  const int64_t per_token = recipe.BytesPerToken();
+  if (per_token > 0 && c.block_tokens > c.budget_bytes / per_token) {
+    ThrowInvalidArgument("--block-tokens " + std::to_string(c.block_tokens) + ": one KV block of " +
+                         "this shard needs " + std::to_string(c.block_tokens) + " x " +
+                         std::to_string(per_token) + " bytes, more than --kv-budget " +
+                         FormatByteSize(c.budget_bytes) + "; lower --block-tokens (at most " +
+                         std::to_string(c.budget_bytes / per_token) + ") or raise --kv-budget");
+  }
+}
+
 int RunServe(const ServeFlags& f) {
+  // First, before any thread starts: SIGINT/SIGTERM end the process at any
+  // time, and drain it gracefully once it serves (util/stop_signals.h).
+  StopSignals stop;
   // Logs: stderr, one line per event, key=value fields.
   auto logger = spdlog::stderr_color_mt("meshnet");
   spdlog::set_default_logger(logger);
@@ -63,8 +88,9 @@ int RunServe(const ServeFlags& f) {
 
   if (f.layers.empty()) ThrowInvalidArgument("--layers A-B is required");
   const node::LayerRange range = node::ParseLayerRange(f.layers);
-  if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0 (0 = all cores)");
-  if (!(f.grace_s >= 0)) ThrowInvalidArgument("--grace must be >= 0 seconds");
+  if (!(f.grace_s >= 0 && f.grace_s <= 3600)) {
+    ThrowInvalidArgument("--grace must be in [0, 3600] seconds");
+  }
   kv::HotKvStateConfig kv_config;
   kv_config.budget_bytes = ParseByteSize(f.kv_budget);
   kv_config.max_sessions = f.max_sessions;
@@ -84,15 +110,13 @@ int RunServe(const ServeFlags& f) {
   options.tls_key = f.tls_key;
   options.tls_ca = f.tls_ca;
   options.max_rpc_threads = f.rpc_threads;
+  options.insecure = f.insecure;
+  options.max_message_bytes = f.max_message_bytes;
+  options.max_calls_per_peer = f.max_calls_per_peer;
+  options.admission.max_wait_s = f.admission_wait_s;
+  options.admission.max_waiting = f.admission_queue;
+  options.admission.active_window_s = f.active_window_s;
   options.Validate();
-
-  // SIGINT/SIGTERM are taken by sigwait below; block them before any thread
-  // (pool, gRPC) starts so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
@@ -103,6 +127,7 @@ int RunServe(const ServeFlags& f) {
   node_options.kv_dtype = kv_dtype;
   node_options.kv_config = kv_config;
   node::Node node(file, node_options, &pool);
+  CheckBlockFitsBudget(node.manager().recipe(), kv_config);
   rpc::NodeServer server(&node, options);
   server.Start();
   std::printf("listening on %s\n", server.bound_address().c_str());
@@ -116,8 +141,8 @@ int RunServe(const ServeFlags& f) {
       model_path, range.first, range.second, hp.n_layers, FormatByteSize(kv_config.budget_bytes),
       KvDtypeName(kv_dtype), kv_config.block_tokens, kv_config.max_sessions, pool.num_threads());
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  stop.Arm();
+  const int sig = stop.Wait();
   spdlog::info("event=stopping signal={} grace_s={}", sig == SIGINT ? "SIGINT" : "SIGTERM",
                f.grace_s);
   server.Shutdown(f.grace_s);
@@ -139,16 +164,20 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
            ->capture_default_str();
        sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(1, kMaxSessions));
        sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
            ->capture_default_str();
        sub->add_option("--kv-dtype", f->kv_dtype,
                        "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
            ->capture_default_str();
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-           ->capture_default_str();
-       sub->add_option("--block-tokens", f->block_tokens, "Positions per KV block")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(0, kMaxThreads));
+       sub->add_option("--block-tokens", f->block_tokens,
+                       "Positions per KV block (one block must fit --kv-budget)")
+           ->capture_default_str()
+           ->check(IntRange(1, kMaxBlockTokens));
        sub->add_option("--metrics-listen", f->metrics_listen,
                        "host:port for Prometheus /metrics (port 0: pick a free one)");
        sub->add_option("--auth-token", f->auth_token,
@@ -159,9 +188,34 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
            ->capture_default_str();
        sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(IntRange(2, kMaxRpcThreads));
        sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
            ->capture_default_str();
+       sub->add_flag("--insecure", f->insecure,
+                     "Allow a non-loopback --listen without --auth-token or --tls-ca");
+       sub->add_option("--max-message-bytes", f->max_message_bytes,
+                       "Largest gRPC message (0 = a full-context step of this shard + 1 MiB)")
+           ->capture_default_str()
+           ->check(IntRange(0, 2147483647));
+       sub->add_option("--admission-wait", f->admission_wait_s,
+                       "Seconds a new session waits for a slot when --max-sessions are active, "
+                       "before RESOURCE_EXHAUSTED")
+           ->capture_default_str()
+           ->check(CLI::Range(0.0, 3600.0));
+       sub->add_option("--admission-queue", f->admission_queue,
+                       "New sessions that may wait at once (more are refused at once)")
+           ->capture_default_str()
+           ->check(IntRange(0, 4096));
+       sub->add_option("--active-window", f->active_window_s,
+                       "Seconds since its last step that a session counts as active "
+                       "(never evicted to admit a new one)")
+           ->capture_default_str()
+           ->check(CLI::Range(0.001, 86400.0));
+       sub->add_option("--max-calls-per-peer", f->max_calls_per_peer,
+                       "Concurrent Step/Truncate calls one client address may have")
+           ->capture_default_str()
+           ->check(IntRange(1, kMaxRpcThreads));
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 

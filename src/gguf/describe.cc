@@ -4,11 +4,16 @@
 #include <cstdio>
 #include <string>
 
+#include "gguf/internal.h"
 #include "util/sizes.h"
 
 namespace meshnet::gguf {
 
 namespace {
+
+// File contents (keys, names) may hold terminal escapes or invalid UTF-8:
+// everything taken from the file is printed escaped, never raw.
+std::string Shown(std::string_view s) { return internal::Escaped(s, s.size()); }
 
 std::string TypeLabel(const MetadataValue& v) {
   if (!v.is_array()) return std::string(ValueTypeName(v.type()));
@@ -25,7 +30,7 @@ void AppendPadded(std::string* out, const std::string& s, size_t width) {
 
 std::string DescribeGguf(const GgufFile& f, const DescribeOptions& options) {
   std::string out;
-  out += "file:        " + f.name() + " (" + std::to_string(f.file_size()) + " bytes, " +
+  out += "file:        " + Shown(f.name()) + " (" + std::to_string(f.file_size()) + " bytes, " +
          FormatByteSize(static_cast<int64_t>(f.file_size())) + ")\n";
   out += "version:     GGUF v" + std::to_string(f.version()) + "\n";
   out += "alignment:   " + std::to_string(f.alignment()) + "\n";
@@ -35,12 +40,12 @@ std::string DescribeGguf(const GgufFile& f, const DescribeOptions& options) {
     out += "\nmetadata (" + std::to_string(f.metadata().size()) + " keys):\n";
     size_t key_w = 0, type_w = 0;
     for (const auto& e : f.metadata()) {
-      key_w = std::max(key_w, e.key.size());
+      key_w = std::max(key_w, Shown(e.key).size());
       type_w = std::max(type_w, TypeLabel(e.value).size());
     }
     for (const auto& e : f.metadata()) {
       out += "  ";
-      AppendPadded(&out, std::string(e.key), key_w);
+      AppendPadded(&out, Shown(e.key), key_w);
       out += "  ";
       AppendPadded(&out, TypeLabel(e.value), type_w);
       out += "  = " + e.value.ToString(options.max_array_elems) + "\n";
@@ -54,7 +59,7 @@ std::string DescribeGguf(const GgufFile& f, const DescribeOptions& options) {
     for (const auto& t : f.tensors()) {
       n_params += t.n_elements;
       n_bytes += t.n_bytes;
-      name_w = std::max(name_w, t.name.size());
+      name_w = std::max(name_w, Shown(t.name).size());
       shape_w = std::max(shape_w, t.ShapeString().size());
     }
     out += "\ntensors (" + std::to_string(f.tensors().size()) + ", " + std::to_string(n_params) +
@@ -66,7 +71,7 @@ std::string DescribeGguf(const GgufFile& f, const DescribeOptions& options) {
     out += "  " + std::string(12 - 5, ' ') + "bytes  offset\n";
     for (const auto& t : f.tensors()) {
       out += "  ";
-      AppendPadded(&out, t.name, name_w);
+      AppendPadded(&out, Shown(t.name), name_w);
       out += "  ";
       AppendPadded(&out, std::string(GgmlTypeInfoOf(t.type).name), 4);
       out += "  ";

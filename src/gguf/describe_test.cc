@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <span>
 #include <sstream>
 #include <string>
 
@@ -59,6 +60,49 @@ TEST(GgufDescribe, NestedAndEmpty) {
   EXPECT_NE(text.find("array[array; 1]  = [[1, 2]]"), std::string::npos) << text;
   EXPECT_NE(text.find("\"tab\\x09here\""), std::string::npos) << text;
   EXPECT_NE(text.find("tensors (0,"), std::string::npos) << text;
+}
+
+// True when `text` is well-formed UTF-8 with no control character other
+// than '\n' (C0, DEL and the C1 range U+0080..U+009F): safe on a terminal.
+bool TerminalSafe(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    const int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    for (int k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    }
+    if (c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0) return false;  // C1
+    i += n;
+  }
+  return true;
+}
+
+// Keys, string values and tensor names carrying terminal escapes (ESC, OSC,
+// a raw C1 CSI), invalid UTF-8 and DEL are printed escaped; valid UTF-8 text
+// stays as it is.
+TEST(GgufDescribe, FileContentIsEscapedEverywhere) {
+  GgufWriter w;
+  w.Set("evil.\x1b[2J\x1b]0;pwned\x07.key", WriterValue::String("v\xc2\x9b"
+                                                                "31m\xff\xfe"));
+  w.Set("caf\xc3\xa9", WriterValue::String("na\xc3\xafve \x7f"));
+  const WriterValue names[] = {WriterValue::String("\x1b[31mred"), WriterValue::String("\x9b")};
+  w.Set("arr", WriterValue::Array(ValueType::kString, names));
+  const float data[2] = {1.0f, 2.0f};
+  const int64_t dims[] = {2};
+  w.AddTensor("blk.0.\x1b[8m\xc0\x80", GgmlType::kF32, dims, std::span<const float>(data));
+  const std::string text = DescribeGguf(GgufFile::FromBytes(w.WriteToBytes(), "mem\x1b[1m"));
+  EXPECT_TRUE(TerminalSafe(text)) << text;
+  for (const char* shown : {"evil.\\x1b[2J\\x1b]0;pwned\\x07.key", "\"v\\xc2\\x9b31m\\xff\\xfe\"",
+                            "caf\xc3\xa9", "\"na\xc3\xafve \\x7f\"", "\\x1b[31mred", "\\x9b",
+                            "blk.0.\\x1b[8m\\xc0\\x80", "mem\\x1b[1m"}) {
+    EXPECT_NE(text.find(shown), std::string::npos) << shown << "\n" << text;
+  }
 }
 
 }  // namespace

@@ -326,7 +326,9 @@ class GgufParser {
 GgufFile GgufFile::Open(const std::string& path, Access access) {
   GgufFile f;
   f.name_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; such
+  // files are refused just below, before anything is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     ThrowInvalidArgument("cannot open '" + path + "': " + std::strerror(errno));
   }

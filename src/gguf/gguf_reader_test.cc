@@ -2,10 +2,15 @@
 // models/README.md) and the typed-getter conversion rules.
 #include "gguf/gguf_reader.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <string>
 
 #include "arch/architecture.h"
@@ -140,6 +145,34 @@ TEST(GgufStories, OpenErrors) {
   }
   // A directory is not a GGUF file.
   EXPECT_THROW(GgufFile::Open(MESHNET_SOURCE_DIR), Error);
+}
+
+// A FIFO is refused at once, not waited on for a writer (which would block
+// the caller, and with it signal handling, forever).
+TEST(GgufStories, FifoIsRefusedWithoutBlocking) {
+  char dir[] = "/tmp/meshnet-fifo-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/model.gguf";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto opened = std::async(std::launch::async, [&] {
+    try {
+      GgufFile::Open(fifo);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  });
+  if (opened.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    // Unblock the reader so the test can end, then fail.
+    const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) close(w);
+    opened.wait();
+    ADD_FAILURE() << "GgufFile::Open blocked on a FIFO";
+  } else {
+    EXPECT_NE(opened.get().find("not a regular file"), std::string::npos);
+  }
+  unlink(fifo.c_str());
+  rmdir(dir);
 }
 
 GgufFile GetterFile() {

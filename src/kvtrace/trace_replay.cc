@@ -509,9 +509,28 @@ int ReplayStream(std::istream& in, std::ostream& out, ReplayAppendPath path) {
   std::vector<char> chunk(1 << 20);
   std::string line, results;
   bool after_cr = false;  // a '\n' right after '\r' ends nothing more
+  bool too_long = false;  // this line passed kMaxTraceLineBytes: dropped
   auto flush = [&] {
     out.write(results.data(), static_cast<std::streamsize>(results.size()));
     results.clear();
+  };
+  auto take = [&](const char* p, size_t len) {
+    if (too_long) return;
+    if (line.size() + len > kMaxTraceLineBytes) {
+      too_long = true;
+      std::string().swap(line);  // give the memory back
+      return;
+    }
+    line.append(p, len);
+  };
+  auto end_line = [&] {
+    if (too_long) {
+      results += "{\"error\":\"invalid-argument\"}\n";  // like any line that is not an op
+      too_long = false;
+    } else {
+      replayer.StepInto(line, &results);
+    }
+    line.clear();
   };
   while (in) {
     in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
@@ -523,17 +542,16 @@ int ReplayStream(std::istream& in, std::ostream& out, ReplayAppendPath path) {
       after_cr = false;
       size_t j = i;
       while (j < n && chunk[j] != '\n' && chunk[j] != '\r') ++j;
-      line.append(chunk.data() + i, j - i);
+      take(chunk.data() + i, j - i);
       if (j == n) break;
       after_cr = chunk[j] == '\r';
-      replayer.StepInto(line, &results);
-      line.clear();
+      end_line();
       i = j + 1;
       if (results.size() >= (1 << 16)) flush();
     }
   }
   if (in.bad()) return 1;
-  if (!line.empty()) replayer.StepInto(line, &results);
+  if (!line.empty() || too_long) end_line();
   flush();
   out.flush();
   return out.fail() ? 1 : 0;

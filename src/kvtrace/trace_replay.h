@@ -68,6 +68,10 @@ class TraceReplayer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Longest trace line read; a longer one is answered {"error":"invalid-argument"}
+// without being held in memory, and the replay goes on with the next line.
+inline constexpr size_t kMaxTraceLineBytes = size_t{1} << 20;
+
 // Replays a whole trace: lines split as Python's text mode does (\n, \r\n and
 // \r all end a line). Returns 0, or 1 if reading or writing failed.
 int ReplayStream(std::istream& in, std::ostream& out,

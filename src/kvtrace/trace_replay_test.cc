@@ -5,8 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <new>
 #include <random>
 #include <sstream>
 #include <string>
@@ -16,6 +21,24 @@
 #include "kvtrace/trace_json.h"
 #include "util/dtype.h"
 #include "util/hash.h"
+
+// The largest single allocation while g_track_allocations is set (for the
+// bounded-memory test below).
+namespace {
+std::atomic<bool> g_track_allocations{false};
+std::atomic<size_t> g_largest_allocation{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (g_track_allocations.load(std::memory_order_relaxed) &&
+      size > g_largest_allocation.load(std::memory_order_relaxed)) {
+    g_largest_allocation.store(size, std::memory_order_relaxed);
+  }
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace meshnet::kv {
 namespace {
@@ -405,6 +428,55 @@ TEST(TraceReplayer, StreamSplitsLinesLikePythonTextMode) {
   EXPECT_EQ(got[1], R"({"ok":true,"sessions":0,"total_bytes":0,"keys":[]})");
   EXPECT_EQ(got[2], R"({"error":"invalid-argument"})");
   EXPECT_EQ(got[3], got[1]);
+}
+
+// An endless line (`kv replay < /dev/zero`) must not grow without bound: a
+// line beyond kMaxTraceLineBytes is one invalid-argument result, and the lines
+// after it replay as usual.
+TEST(TraceReplayer, OverlongLineIsOneErrorAndMemoryStaysBounded) {
+  // A stream of zero bytes, `n` long, that counts what was read.
+  class Zeros : public std::streambuf {
+   public:
+    explicit Zeros(size_t n) : left_(n) {}
+
+   protected:
+    int_type underflow() override {
+      if (left_ == 0) return traits_type::eof();
+      const size_t k = std::min(left_, buf_.size());
+      left_ -= k;
+      setg(buf_.data(), buf_.data(), buf_.data() + k);
+      return traits_type::to_int_type(buf_[0]);
+    }
+
+   private:
+    size_t left_;
+    std::array<char, 1 << 16> buf_{};
+  };
+  Zeros zeros(16 * kMaxTraceLineBytes + 5);
+  std::istream endless(&zeros);
+  std::ostringstream out;
+  g_largest_allocation = 0;
+  g_track_allocations = true;
+  const int rc = ReplayStream(endless, out);
+  g_track_allocations = false;
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(out.str(), "{\"error\":\"invalid-argument\"}\n");
+  // The read chunk and at most a capped line: nothing sized by the input.
+  EXPECT_LE(g_largest_allocation, 4 * kMaxTraceLineBytes);
+
+  const std::string big(kMaxTraceLineBytes + 1, ' ');
+  std::istringstream in(std::string(kConfig) + "\n" + big + "\n{\"op\":\"stats\"}\n" + big +
+                        "\r\n{\"op\":\"stats\"}");
+  std::ostringstream out2;
+  ASSERT_EQ(ReplayStream(in, out2), 0);
+  std::istringstream lines(out2.str());
+  std::vector<std::string> got;
+  for (std::string l; std::getline(lines, l);) got.push_back(l);
+  ASSERT_EQ(got.size(), 5u) << out2.str();
+  EXPECT_EQ(got[1], R"({"error":"invalid-argument"})");
+  EXPECT_EQ(got[2], R"({"ok":true,"sessions":0,"total_bytes":0,"keys":[]})");
+  EXPECT_EQ(got[3], got[1]);
+  EXPECT_EQ(got[4], got[2]);
 }
 
 }  // namespace

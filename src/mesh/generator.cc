@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -42,6 +43,8 @@ struct StepOutcome {
   std::optional<kv::CacheMiss> miss;        // some hop lost its state
   const ShardEndpoint* dead_hop = nullptr;  // some hop is unreachable
   std::string dead_reason;
+  const ShardEndpoint* busy_hop = nullptr;  // some hop refused it for now (admission)
+  std::string busy_reason;
 };
 
 StepOutcome RunRouteStep(const Route& route, const std::string& session, const std::string& secret,
@@ -70,6 +73,11 @@ StepOutcome RunRouteStep(const Route& route, const std::string& session, const s
     try {
       result = hop.Step(std::move(req));
     } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kResourceExhausted) {
+        out.busy_hop = &hop;
+        out.busy_reason = e.what();
+        return out;
+      }
       if (e.kind() != ErrorKind::kUnavailable) throw;
       out.dead_hop = &hop;
       out.dead_reason = e.what();
@@ -98,6 +106,39 @@ StepOutcome RunRouteStep(const Route& route, const std::string& session, const s
   return out;
 }
 
+// Releases the session, at the latest epoch, on every hop that may hold it
+// (every route it ran on) when the generation ends, however it ends.
+class SessionReleaser {
+ public:
+  SessionReleaser(const std::string& session, const std::string& secret, const int64_t* epoch)
+      : session_(session), secret_(secret), epoch_(epoch) {}
+  ~SessionReleaser() {
+    if (!armed_) return;
+    for (const auto& hop : hops_) hop->Release(session_, secret_, *epoch_);  // best effort
+  }
+  void Add(const Route& route) {
+    for (const auto& hop : route.hops) {
+      if (std::find(hops_.begin(), hops_.end(), hop) == hops_.end()) hops_.push_back(hop);
+    }
+  }
+  void Disarm() { armed_ = false; }
+
+ private:
+  const std::string& session_;
+  const std::string& secret_;
+  const int64_t* epoch_;
+  std::vector<std::shared_ptr<ShardEndpoint>> hops_;
+  bool armed_ = true;
+};
+
+// Sleeps `seconds` scaled by a random factor in [0.5, 1.5): clients refused
+// together do not come back together.
+void SleepWithJitter(double seconds) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> factor(0.5, 1.5);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds * factor(rng)));
+}
+
 }  // namespace
 
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,
@@ -105,6 +146,12 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt must hold at least one token");
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
   options.sampling.Validate();
+  if (options.context_length > 0 &&
+      static_cast<int64_t>(prompt_ids.size()) > options.context_length) {
+    ThrowInvalidArgument("the prompt holds " + std::to_string(prompt_ids.size()) +
+                         " tokens, more than the model's context length of " +
+                         std::to_string(options.context_length));
+  }
   const std::string session = options.session_id.empty() ? node::RandomId128() : options.session_id;
   const std::string secret =
       options.session_secret.empty() ? node::RandomId128() : options.session_secret;
@@ -112,6 +159,13 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
   GenerateResult result;
   int64_t epoch = options.initial_epoch;
   Route route = provider.Plan();
+  SessionReleaser releaser(session, secret, &epoch);
+  releaser.Add(route);
+  const auto busy_until = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(options.busy_retry_s));
+  double busy_backoff = 0.05;
+  result.stop_reason = "max_tokens";
   std::vector<int32_t> history(prompt_ids.begin(), prompt_ids.end());
   history.reserve(history.size() + options.max_tokens);
   result.generated_ids.reserve(options.max_tokens);
@@ -132,6 +186,15 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
   while (static_cast<int>(result.generated_ids.size()) < options.max_tokens) {
     if (events.stop_requested && events.stop_requested()) {
       result.stopped = true;
+      result.stop_reason = "stopped";
+      break;
+    }
+    if (options.cancelled && options.cancelled()) {
+      throw Error(ErrorKind::kUnavailable, "cancelled");  // the releaser frees the session
+    }
+    if (options.context_length > 0 &&
+        static_cast<int64_t>(history.size()) >= options.context_length) {
+      result.stop_reason = "context_length";
       break;
     }
     const bool prefill = need_prefill;
@@ -141,6 +204,18 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
     if (!prefill) expected = static_cast<int64_t>(history.size()) - 1;
     StepOutcome step = RunRouteStep(route, session, secret, epoch, ++step_id, prefill, tokens,
                                     expected, options.sampling);
+    if (step.busy_hop != nullptr) {
+      if (std::chrono::steady_clock::now() >= busy_until) {
+        throw Error(ErrorKind::kResourceExhausted, "still busy after " +
+                                                       std::to_string(options.busy_retry_s) +
+                                                       " s of retries: " + step.busy_reason);
+      }
+      ++result.busy_retries;
+      SleepWithJitter(busy_backoff);
+      busy_backoff = std::min(busy_backoff * 2, 2.0);
+      need_prefill = true;  // hops before the busy one are re-opened too
+      continue;
+    }
     if (step.dead_hop != nullptr) {
       recover("hop " + step.dead_hop->name() + " is unavailable (" + step.dead_reason +
               "); re-planning at epoch " + std::to_string(epoch + 1));
@@ -148,6 +223,7 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
       std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
       backoff = std::min(backoff * 2, options.backoff_max_s);
       route = provider.Plan();
+      releaser.Add(route);
       ++epoch;
       ++result.failovers;
       need_prefill = true;
@@ -163,18 +239,20 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
     need_prefill = false;
     const int32_t token = *step.token;
     if (events.on_logits) events.on_logits(step.logits);
-    if (options.eos_id && token == *options.eos_id) break;
+    if (options.eos_id && token == *options.eos_id) {
+      result.stop_reason = "eos";
+      break;
+    }
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
         options.stop_ids.end()) {
+      result.stop_reason = "eos";
       break;
     }
     history.push_back(token);
     result.generated_ids.push_back(token);
     if (events.on_token) events.on_token(token);
   }
-  if (options.release_at_end) {
-    for (const auto& hop : route.hops) hop->Release(session, secret, epoch);
-  }
+  if (!options.release_at_end) releaser.Disarm();
   result.final_epoch = epoch;
   result.final_route = route.Describe();
   return result;

@@ -10,6 +10,10 @@
 //     superseded (freed) by the newer epoch's open.
 //   Recoveries are bounded (max_recoveries) with exponential backoff between
 //   failovers. The head keeps the token history, so nothing is lost.
+//   * a busy hop (Error kResourceExhausted): wait (backoff with jitter) and
+//     send the step again, for up to busy_retry_s; not a recovery.
+//   * every exit (done, error, cancelled) releases the session on every hop
+//     that may hold it.
 //
 // Thread-safety: Generate() may run concurrently for different sessions when
 // the provider and endpoints are thread-safe.
@@ -67,6 +71,17 @@ struct GenerateOptions {
   std::string session_id;      // empty: a fresh random 128-bit id
   std::string session_secret;  // empty: a fresh random 128-bit secret
   bool release_at_end = true;
+  // The model's context length (0: unknown). A prompt longer than it is
+  // refused (kInvalidArgument); generation stops when it is full
+  // (stop_reason "context_length").
+  int64_t context_length = 0;
+  // A hop answering "busy" (kResourceExhausted: admission control, per-peer
+  // limits) is retried with backoff for up to this long in total; such waits
+  // are not recoveries.
+  double busy_retry_s = 120.0;
+  // Polled between steps (e.g. Ctrl-C): when true, Generate releases the
+  // session and throws Error(kUnavailable, "cancelled").
+  std::function<bool()> cancelled;
 };
 
 struct GenerateEvents {
@@ -87,6 +102,8 @@ struct GenerateResult {
   int64_t final_epoch = 0;
   std::string final_route;
   bool stopped = false;  // ended by events.stop_requested
+  int busy_retries = 0;     // steps re-sent after a hop was busy
+  std::string stop_reason;  // "max_tokens", "eos", "context_length" or "stopped"
 };
 
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,

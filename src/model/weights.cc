@@ -127,7 +127,17 @@ LlamaWeights LlamaWeights::Load(const gguf::GgufFile& file, const LlamaHParams& 
     w.token_embd_ = load.Matrix(CertifiedArchitecture::kTokenEmbedding, n_embd, vocab,
                                 "ne0 = n_embd, ne1 = vocab_size");
   }
-  w.layers_.reserve(static_cast<size_t>(end_layer - start_layer + 1));
+  // Every layer holds several tensors: a count the file cannot back is a lie
+  // (a huge block_count), refused before anything is sized by it.
+  const int64_t n_owned = int64_t{end_layer} - start_layer + 1;
+  if (n_owned > static_cast<int64_t>(file.tensors().size())) {
+    throw Error(ErrorKind::kMalformedFile,
+                file.name() + ": the model declares " + std::to_string(hp.n_layers) +
+                    " layers (layers " + std::to_string(start_layer) + "-" +
+                    std::to_string(end_layer) + " asked for) but the file holds only " +
+                    std::to_string(file.tensors().size()) + " tensors");
+  }
+  w.layers_.reserve(static_cast<size_t>(n_owned));
   for (int l = start_layer; l <= end_layer; ++l) w.layers_.push_back(LoadLayer(load, hp, l));
   // Llama 3 RoPE factors: every shard rotates its own layers' Q and K.
   w.rope_freqs_ = load.OptionalVector(CertifiedArchitecture::kRopeFreqs, hp.n_rot / 2, false);

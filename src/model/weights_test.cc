@@ -246,5 +246,27 @@ TEST(Weights, OnlyOwnedTensorsAreLookedUp) {
   ExpectLoadRefused(spec, 3, 3, {"'" + std::string(Arch::kOutputNorm) + "'", "missing"});
 }
 
+// A file whose block_count claims 2^31-1 layers but holds 4: refused with a
+// malformed-file error before anything is sized by the claimed count (was:
+// std::bad_alloc from reserving 2^31-1 layer slots).
+TEST(Weights, DeclaredLayerCountBeyondTheFileIsRefused) {
+  SyntheticLlamaSpec spec;
+  gguf::GgufWriter w = SyntheticLlamaWriter(spec);
+  w.Set(CertifiedArchitectureFor("llama").Key(ArchKey::kBlockCount),
+        gguf::WriterValue::U32(2147483647u));
+  const auto file = gguf::GgufFile::FromBytes(w.WriteToBytes(), "huge-layers.gguf");
+  const LlamaHParams hp = LlamaHParams::FromGguf(file);
+  ASSERT_EQ(hp.n_layers, 2147483647);
+  for (const auto& [start, end] : {std::pair{0, 715827882}, std::pair{1431655765, 2147483646}}) {
+    try {
+      LlamaWeights::Load(file, hp, start, end);
+      ADD_FAILURE() << "accepted layers " << start << "-" << end;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kMalformedFile) << e.what();
+      EXPECT_NE(std::string(e.what()).find("2147483647 layers"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshnet::model

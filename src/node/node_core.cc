@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "node/identity.h"
+#include "shard/step_cancel.h"
 #include "util/crc32c.h"
 #include "util/secret.h"
 
@@ -121,8 +122,18 @@ struct NodeCore::Binding {
   int64_t result_bytes = 0;
 };
 
+namespace {
+AdmissionOptions WithDefaults(AdmissionOptions a, const Node& node) {
+  if (a.max_active == 0) a.max_active = node.manager().config().max_sessions;
+  return a;
+}
+}  // namespace
+
 NodeCore::NodeCore(Node* node, NodeCoreOptions options)
-    : node_(node), options_(options), instance_id_(RandomId128()) {
+    : node_(node),
+      options_(options),
+      admission_(WithDefaults(options.admission, *node)),
+      instance_id_(RandomId128()) {
   if (options_.max_bindings < 1) ThrowInvalidArgument("max_bindings must be >= 1");
   if (options_.replay_cache_bytes < 0) ThrowInvalidArgument("replay_cache_bytes must be >= 0");
 }
@@ -220,6 +231,7 @@ void NodeCore::EvictBindingsOverCapacity() {
     ++it;  // Unlink erases `victim` from lru_
     Unlink(*victim);
     node_->Release(id, epoch);
+    admission_.Release(id);  // after its state is gone: the slot is really free
   }
 }
 
@@ -325,6 +337,9 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
   const auto t0 = Clock::now();
   try {
     Validate(r);
+    // A new session waits for a slot among the active ones (bounded), polling
+    // whether its caller is still there.
+    if (r.prefill) admission_.Admit(r.session_id, [] { return shard::StepCancelled(); });
     Flight f;
     f.epoch = r.route_epoch;
     f.step_id = r.step_id;
@@ -338,6 +353,7 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
       return std::move(*answered);
     }
     StepReply reply = RunFlight(r, f, format);
+    admission_.Touch(r.session_id);
     NotePeak();
     counters_.CountResult(reply.result);
     counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -375,7 +391,11 @@ bool NodeCore::Release(const std::string& session_id, const std::string& secret,
     if (!b) return false;
     Unlink(*b);
   }
-  return node_->Release(session_id, route_epoch);
+  const bool released = node_->Release(session_id, route_epoch);
+  // Only now, with the state gone, may a waiting session take the slot (else
+  // its Open would find the manager full and evict an active session).
+  admission_.Release(session_id);
+  return released;
 }
 
 }  // namespace meshnet::node

@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <variant>
 
+#include "node/admission.h"
 #include "node/node.h"
 #include "node/step.h"
 #include "util/dtype.h"
@@ -47,6 +48,9 @@ namespace meshnet::node {
 struct NodeCoreOptions {
   int64_t max_bindings = 4096;
   int64_t replay_cache_bytes = 64LL << 20;
+  // Which sessions may open KV state (node/admission.h): an active session is
+  // never evicted to admit a new one; new ones wait, then kResourceExhausted.
+  AdmissionOptions admission;
 };
 
 // How the caller will send a result back: part of what a retry must repeat.
@@ -103,6 +107,7 @@ class NodeCore {
   Node& node() const { return *node_; }
   kv::HotKvStateManager& manager() const { return node_->manager(); }
   NodeCounters& counters() { return counters_; }
+  const SessionAdmission& admission() const { return admission_; }
   const std::string& instance_id() const { return instance_id_; }
   int64_t bindings() const EXCLUDES(mu_);
 
@@ -145,6 +150,7 @@ class NodeCore {
 
   Node* node_;
   NodeCoreOptions options_;
+  SessionAdmission admission_;
   std::string instance_id_;
   NodeCounters counters_;
 

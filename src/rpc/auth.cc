@@ -1,7 +1,9 @@
 #include "rpc/auth.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include "util/error.h"
 
@@ -10,6 +12,13 @@ namespace meshnet::rpc {
 std::string BearerValue(std::string_view token) { return "Bearer " + std::string(token); }
 
 std::string ReadPemFile(const std::string& path, const char* what) {
+  // Not a regular file (a FIFO would block the open, a directory reads as
+  // nothing): refused before opening.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path +
+                         "': not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) ThrowInvalidArgument(std::string("cannot read ") + what + " file '" + path + "'");
   std::ostringstream ss;

@@ -43,10 +43,10 @@ void AddGauge(std::vector<MetricFamily>& out, const char* name, const char* help
 }
 
 constexpr ErrorKind kKinds[] = {
-    ErrorKind::kInvalidArgument,  ErrorKind::kStaleEpoch,    ErrorKind::kIncompatibleRecipe,
-    ErrorKind::kBudgetExceeded,   ErrorKind::kCacheMiss,     ErrorKind::kSessionBusy,
-    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile, ErrorKind::kUnavailable,
-    ErrorKind::kPermissionDenied,
+    ErrorKind::kInvalidArgument,  ErrorKind::kStaleEpoch,        ErrorKind::kIncompatibleRecipe,
+    ErrorKind::kBudgetExceeded,   ErrorKind::kCacheMiss,         ErrorKind::kSessionBusy,
+    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile,     ErrorKind::kUnavailable,
+    ErrorKind::kPermissionDenied, ErrorKind::kResourceExhausted,
 };
 
 }  // namespace

@@ -34,6 +34,12 @@ void CheckHostPort(const std::string& text, const char* flag) {
 
 }  // namespace
 
+bool IsLoopbackListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  const std::string host = listen.substr(0, colon == std::string::npos ? listen.size() : colon);
+  return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
 void ClientOptions::Validate() const {
   CheckPositive(connect_timeout_s, "connect timeout");
   CheckPositive(info_timeout_s, "info timeout");
@@ -63,6 +69,18 @@ void NodeServerOptions::Validate() const {
     ThrowInvalidArgument("--tls-ca (client certificate verification) needs --tls-cert/--tls-key");
   }
   if (max_rpc_threads < 2) ThrowInvalidArgument("max rpc threads must be >= 2");
+  if (!insecure && auth_token.empty() && tls_ca.empty() && !IsLoopbackListen(listen)) {
+    ThrowInvalidArgument("--listen " + listen +
+                         " is reachable from other machines but no --auth-token (or "
+                         "MESHNET_AUTH_TOKEN) or --tls-ca (client certificates) is set: anyone "
+                         "could use and fill this node. Give one, or --insecure to serve openly");
+  }
+  if (max_message_bytes < 0 || max_message_bytes > (int64_t{1} << 31) - 1) {
+    ThrowInvalidArgument("--max-message-bytes must be in 0..2147483647");
+  }
+  if (max_streams < 0) ThrowInvalidArgument("max streams must be >= 0");
+  if (max_calls_per_peer < 1) ThrowInvalidArgument("max calls per peer must be >= 1");
+  if (admission.max_active < 0) ThrowInvalidArgument("admission max active must be >= 0");
   if (max_bindings < 1) ThrowInvalidArgument("max bindings must be >= 1");
   if (replay_cache_bytes < 0) ThrowInvalidArgument("replay cache bytes must be >= 0");
 }

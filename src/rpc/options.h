@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "node/admission.h"
 #include "util/dtype.h"
 
 namespace meshnet::rpc {
@@ -30,11 +31,17 @@ struct ClientOptions {
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;
+  // When set: Plan refuses nodes whose model identity (node::ModelIdentity)
+  // differs, e.g. the model the client's tokenizer was read from.
+  std::string expected_model_id;
 
   // Throws Error(kInvalidArgument) naming the bad field (timeouts > 0,
   // retries >= 0, cert and key given together, key or cert without CA...).
   void Validate() const;
 };
+
+// Whether host:port names a loopback address (127.0.0.0/8, [::1], localhost).
+bool IsLoopbackListen(const std::string& listen);
 
 // A node's server side (meshnet serve).
 struct NodeServerOptions {
@@ -47,6 +54,16 @@ struct NodeServerOptions {
   int max_rpc_threads = 64;                 // gRPC handler threads
   int64_t max_bindings = 4096;              // session bindings remembered (see node/node_core.h)
   int64_t replay_cache_bytes = 64LL << 20;  // bytes of cached step results for retries
+  // Listening on a non-loopback address needs a cluster token or client
+  // certificates (tls_ca) unless this is set (meshnet serve --insecure).
+  bool insecure = false;
+  // Largest message received or sent; 0: from the shard (a full-context
+  // bundle and its logits, plus headroom). Bodies are read before the token
+  // check (gRPC's sync API), so this bounds what a tokenless call costs.
+  int64_t max_message_bytes = 0;
+  int max_streams = 8;               // concurrent StepStream calls (each pins a handler thread)
+  int max_calls_per_peer = 32;       // concurrent Step/StepStream/Truncate calls per client address
+  node::AdmissionOptions admission;  // new sessions when the node is full (node/admission.h)
 
   void Validate() const;
 };

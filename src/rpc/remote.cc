@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <optional>
 #include <set>
@@ -35,9 +36,14 @@ spdlog::logger& Log() {
   return *logger;
 }
 
+// A deadline `seconds` from now. Clamped to [0, a year]: --timeout 1e13 is
+// "no practical limit", and must not overflow int64 microseconds (which put
+// the deadline in the past and marked a healthy node dead).
 std::chrono::system_clock::time_point After(double seconds) {
+  constexpr double kMaxSeconds = 365.0 * 24 * 3600;
+  const double s = std::isnan(seconds) ? 0.0 : std::clamp(seconds, 0.0, kMaxSeconds);
   return std::chrono::system_clock::now() +
-         std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+         std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ClientOptions& o) {
@@ -114,6 +120,19 @@ NodeInfo RemoteEndpoint::InfoFull() {
   impl_->Prepare(ctx, impl_->options.info_timeout_s, /*wait_for_ready=*/true);
   pb::InfoResponse resp;
   const grpc::Status s = impl_->stub->Info(&ctx, pb::InfoRequest(), &resp);
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    // No connection: the node is down, or one side speaks TLS and the other
+    // not, which gRPC reports only as a timeout or a closed socket.
+    const bool tls = !impl_->options.tls_ca.empty();
+    grpc::Status hinted(
+        s.error_code(),
+        s.error_message() + " (no connection: is the node up? if it is, check TLS: this client " +
+            (tls ? "uses TLS (--tls-ca); does the node have --tls-cert?"
+                 : "is plaintext; a node started with --tls-cert needs --tls-ca here") +
+            ")");
+    ThrowForStatus(hinted, ctx, impl_->address, "Info");
+  }
   if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Info");
   return DecodeClientInfo(resp);
 }
@@ -401,6 +420,16 @@ mesh::Route RemoteRouteProvider::Plan() {
                 survey.WithNotes("no node is available"));
   }
   CheckOneModel(survey, usable, m.endpoints);
+
+  // The client's tokenizer (its --model) must be the nodes' model: token ids
+  // of another vocabulary would decode to garbage.
+  if (!m.options.expected_model_id.empty() && survey.infos[usable.front()]->shard.model_id != m.options.expected_model_id) {
+    ThrowInvalidArgument("the nodes serve model " + survey.infos[usable.front()]->shard.model_id.substr(0, 16) +
+                         " but this client's tokenizer comes from model " +
+                         m.options.expected_model_id.substr(0, 16) +
+                         ": give --model the GGUF the nodes serve");
+  }
+
   std::vector<mesh::RouteCandidate> candidates;
   for (size_t i : usable) {
     const mesh::ShardInfo& s = survey.infos[i]->shard;

@@ -10,7 +10,13 @@
 #include <prometheus/exposer.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "node/node.h"
 #include "proto/meshnet.grpc.pb.h"
@@ -19,6 +25,7 @@
 #include "rpc/metrics.h"
 #include "rpc/node_service.h"
 #include "rpc/status.h"
+#include "shard/step_cancel.h"
 #include "util/error.h"
 #include "util/mutex.h"
 #include "util/secret.h"
@@ -27,17 +34,66 @@ namespace meshnet::rpc {
 
 namespace {
 
+constexpr int kMetricsThreads = 8;
+constexpr int kMetricsRequestTimeoutMs = 3000;
+
 // "host:port" -> host ("[::1]:0" -> "[::1]").
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// "ipv4:10.0.0.7:5123" -> "ipv4:10.0.0.7": a client address, any port.
+std::string PeerHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+// Concurrent calls per client address, so that one client cannot hold every
+// handler thread; calls over the limit are refused at once (kResourceExhausted).
+class PeerLimits {
+ public:
+  explicit PeerLimits(int max_calls) : max_calls_(max_calls) {}
+
+  // Holds one call slot of `peer` for its lifetime; throws when none is free.
+  class Slot {
+   public:
+    Slot(PeerLimits* limits, std::string host) : limits_(limits), host_(std::move(host)) {
+      std::lock_guard<std::mutex> lock(limits_->mu_);
+      int& n = limits_->calls_[host_];
+      if (n >= limits_->max_calls_) {
+        throw Error(ErrorKind::kResourceExhausted,
+                    "too many concurrent calls from " + host_ + " (limit " +
+                        std::to_string(limits_->max_calls_) + "); retry in 100 ms");
+      }
+      ++n;
+    }
+    ~Slot() {
+      std::lock_guard<std::mutex> lock(limits_->mu_);
+      auto it = limits_->calls_.find(host_);
+      if (--it->second == 0) limits_->calls_.erase(it);
+    }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    PeerLimits* limits_;
+    std::string host_;
+  };
+
+ private:
+  const int max_calls_;
+  std::mutex mu_;
+  std::unordered_map<std::string, int> calls_;  // GUARDED_BY(mu_)
+};
+
 class MeshNodeService final : public pb::MeshNode::Service {
  public:
-  MeshNodeService(NodeService* core, const std::string& auth_token)
+  MeshNodeService(NodeService* core, const NodeServerOptions& o)
       : core_(core),
-        token_digest_(auth_token.empty() ? "" : SecretDigest(BearerValue(auth_token))) {}
+        token_digest_(o.auth_token.empty() ? "" : SecretDigest(BearerValue(o.auth_token))),
+        peers_(o.max_calls_per_peer),
+        max_streams_(o.max_streams) {}
 
   grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
                     pb::InfoResponse* out) override {
@@ -46,19 +102,32 @@ class MeshNodeService final : public pb::MeshNode::Service {
 
   grpc::Status Step(grpc::ServerContext* ctx, const pb::StepRequest* req,
                     pb::StepResponse* out) override {
-    return Run(ctx, [&] { core_->Step(*req, out); });
+    return Run(ctx, [&] { LimitedStep(ctx, *req, out); });
   }
 
   grpc::Status StepStream(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<pb::StepResponse, pb::StepRequest>* stream) override {
     if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+    // Each open stream pins a handler thread while it waits for a request:
+    // at most max_streams at once, so idle streams cannot starve Info/Step.
+    if (open_streams_.fetch_add(1) >= max_streams_) {
+      open_streams_.fetch_sub(1);
+      return ToStatus(Error(ErrorKind::kResourceExhausted, "too many open StepStreams (limit " +
+                                                               std::to_string(max_streams_) +
+                                                               "); use unary Step"),
+                      ctx);
+    }
+    struct Close {
+      std::atomic<int>* n;
+      ~Close() { n->fetch_sub(1); }
+    } close{&open_streams_};
     pb::StepRequest req;
     pb::StepResponse out;
     while (stream->Read(&req)) {
       out.Clear();
       grpc::Status s = Run(
-          ctx, [&] { core_->Step(req, &out); }, /*check_token=*/false);
+          ctx, [&] { LimitedStep(ctx, req, &out); }, /*check_token=*/false);
       if (!s.ok()) return s;
       if (!stream->Write(out)) break;
     }
@@ -67,7 +136,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
 
   grpc::Status Truncate(grpc::ServerContext* ctx, const pb::TruncateRequest* req,
                         pb::TruncateResponse* out) override {
-    return Run(ctx, [&] { core_->Truncate(*req, out); });
+    return Run(ctx, [&] {
+      PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+      core_->Truncate(*req, out);
+    });
   }
 
   grpc::Status Release(grpc::ServerContext* ctx, const pb::ReleaseRequest* req,
@@ -76,6 +148,15 @@ class MeshNodeService final : public pb::MeshNode::Service {
   }
 
  private:
+  // A step under the caller's per-peer limit, cancelled between layers and
+  // prefill chunks once its call is (deadline passed, client gone, or the
+  // server's shutdown grace over).
+  void LimitedStep(grpc::ServerContext* ctx, const pb::StepRequest& req, pb::StepResponse* out) {
+    PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+    shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+    core_->Step(req, out);
+  }
+
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
     if (token_digest_.empty()) return grpc::Status::OK;
     const auto& md = ctx->client_metadata();
@@ -110,7 +191,18 @@ class MeshNodeService final : public pb::MeshNode::Service {
 
   NodeService* core_;
   std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
+  PeerLimits peers_;
+  const int max_streams_;
+  std::atomic<int> open_streams_{0};
 };
+
+// The largest message a step of this shard needs: a full-context bundle
+// (f32 rows, positions) or the prompt's ids, and the logits row, plus 1 MiB.
+int64_t ShardMessageBytes(const node::Node& node) {
+  const auto& hp = node.shard().hparams();
+  const int64_t ctx = hp.context_length;
+  return ctx * (hp.n_embd * 4 + 8 + 4) + int64_t{hp.vocab_size} * 4 + (int64_t{1} << 20);
+}
 
 }  // namespace
 
@@ -128,8 +220,13 @@ struct NodeServer::Impl {
 
   Impl(node::Node* node, NodeServerOptions opts)
       : options(std::move(opts)),
-        node_service(node, node::NodeCoreOptions{options.max_bindings, options.replay_cache_bytes}),
-        service(&node_service, options.auth_token) {}
+        node_service(node, node::NodeCoreOptions{options.max_bindings, options.replay_cache_bytes,
+                                                 options.admission}),
+        service(&node_service, options),
+        max_message_bytes(static_cast<int>(std::min<int64_t>(
+            options.max_message_bytes > 0 ? options.max_message_bytes : ShardMessageBytes(*node),
+            kMaxMessageBytes))) {}
+  int max_message_bytes;
 };
 
 NodeServer::NodeServer(node::Node* node, NodeServerOptions options) {
@@ -161,8 +258,11 @@ void NodeServer::Start() {
   int port = 0;
   builder.AddListeningPort(m.options.listen, creds, &port);
   builder.RegisterService(&m.service);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // gRPC sets SO_REUSEPORT by default: a second node on the same port would
+  // bind too and take a share of this one's connections. Off: it fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(m.max_message_bytes);
+  builder.SetMaxSendMessageSize(m.max_message_bytes);
   grpc::ResourceQuota quota("meshnet-node");
   quota.SetMaxThreads(m.options.max_rpc_threads);
   builder.SetResourceQuota(quota);
@@ -177,7 +277,12 @@ void NodeServer::Start() {
 
   if (!m.options.metrics_listen.empty()) {
     try {
-      m.exposer = std::make_unique<prometheus::Exposer>(m.options.metrics_listen);
+      // civetweb's defaults (2 threads, 30 s read timeout) let two half-open
+      // requests block /metrics for 30 s: more threads, a short timeout.
+      m.exposer = std::make_unique<prometheus::Exposer>(
+          std::vector<std::string>{"listening_ports", m.options.metrics_listen, "num_threads",
+                                   std::to_string(kMetricsThreads), "request_timeout_ms",
+                                   std::to_string(kMetricsRequestTimeoutMs)});
     } catch (const std::exception& e) {
       Shutdown(0);
       throw Error(ErrorKind::kUnavailable,
@@ -211,7 +316,8 @@ void NodeServer::Shutdown(double grace_seconds) {
     if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(false);
     const auto deadline =
         std::chrono::system_clock::now() +
-        std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, grace_seconds) * 1000));
+        std::chrono::milliseconds(static_cast<int64_t>(
+            std::clamp(grace_seconds, 0.0, 365.0 * 24 * 3600) * 1000));  // no int64 overflow
     m.server->Shutdown(deadline);  // waits for in-flight calls until the deadline
     m.server->Wait();
     spdlog::info("event=drained listen={}", m.bound);

@@ -6,11 +6,11 @@ namespace meshnet::rpc {
 
 namespace {
 
-constexpr std::array<ErrorKind, 10> kAllKinds = {
-    ErrorKind::kInvalidArgument,  ErrorKind::kStaleEpoch,    ErrorKind::kIncompatibleRecipe,
-    ErrorKind::kBudgetExceeded,   ErrorKind::kCacheMiss,     ErrorKind::kSessionBusy,
-    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile, ErrorKind::kUnavailable,
-    ErrorKind::kPermissionDenied,
+constexpr std::array<ErrorKind, 11> kAllKinds = {
+    ErrorKind::kInvalidArgument,  ErrorKind::kStaleEpoch,        ErrorKind::kIncompatibleRecipe,
+    ErrorKind::kBudgetExceeded,   ErrorKind::kCacheMiss,         ErrorKind::kSessionBusy,
+    ErrorKind::kBoundaryContract, ErrorKind::kMalformedFile,     ErrorKind::kUnavailable,
+    ErrorKind::kPermissionDenied, ErrorKind::kResourceExhausted,
 };
 
 }  // namespace
@@ -33,6 +33,7 @@ grpc::StatusCode StatusCodeFor(ErrorKind kind) {
     case ErrorKind::kIncompatibleRecipe:
       return grpc::StatusCode::FAILED_PRECONDITION;
     case ErrorKind::kBudgetExceeded:
+    case ErrorKind::kResourceExhausted:
       return grpc::StatusCode::RESOURCE_EXHAUSTED;
     case ErrorKind::kCacheMiss:
       return grpc::StatusCode::NOT_FOUND;

@@ -93,6 +93,14 @@ void SamplingContract::Validate() const {
 int SamplingContract::Sample(std::span<const float> logits, int64_t position,
                              std::span<float> probs, std::span<int> ids) const {
   const int n = static_cast<int>(logits.size());
+  for (int i = 0; i < n; ++i) {
+    if (!std::isfinite(logits[i])) {
+      throw Error(ErrorKind::kBoundaryContract,
+                  "the model produced a non-finite logit (" + std::to_string(logits[i]) +
+                      " for token " + std::to_string(i) + ") at position " +
+                      std::to_string(position) + ": the weights or activations overflowed");
+    }
+  }
   if (greedy()) {
     int best = 0;
     for (int i = 1; i < n; ++i) {

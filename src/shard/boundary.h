@@ -66,7 +66,9 @@ struct SamplingContract {
   // Throws kInvalidArgument for temperature < 0, top_k < 0, top_p not in (0, 1].
   void Validate() const;
   // `scratch` must hold logits.size() floats + logits.size() ints worth of
-  // room; see SampleScratch. No allocation.
+  // room; see SampleScratch. No allocation. A non-finite logit (NaN, Inf:
+  // broken weights or activations) throws Error(kBoundaryContract) naming
+  // the position, rather than yielding an arbitrary token.
   int Sample(std::span<const float> logits, int64_t position, std::span<float> scratch_probs,
              std::span<int> scratch_ids) const;
   // Allocating convenience wrapper.

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "util/error.h"
@@ -86,6 +87,27 @@ TEST(Boundary, AcceptsAliasAndChecksEachField) {
 TEST(Sampling, GreedyIsArgmaxLowestIdOnTies) {
   std::vector<float> logits = {0.1f, 3.0f, -1.0f, 3.0f};
   EXPECT_EQ(SamplingContract::Greedy().Sample(logits, 0), 1);
+}
+
+// Inf or NaN logits are an error naming the position, greedy or not (they
+// used to give token 0 silently).
+TEST(Sampling, NonFiniteLogitsAreAnError) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const std::vector<float>& logits : std::vector<std::vector<float>>{
+           {nan, nan, nan}, {-inf, -inf, -inf}, {0.5f, inf, 1.0f}, {1.0f, 2.0f, nan}}) {
+    for (const SamplingContract& s :
+         {SamplingContract::Greedy(), SamplingContract{1.0f, 0, 1.0f, 3}}) {
+      try {
+        const int token = s.Sample(logits, 17);
+        ADD_FAILURE() << "sampled token " << token;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kBoundaryContract);
+        EXPECT_NE(std::string(e.what()).find("non-finite logit"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("position 17"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 TEST(Sampling, SameSeedSameTokensDifferentSeedDiffers) {

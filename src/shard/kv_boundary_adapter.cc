@@ -78,7 +78,17 @@ int64_t KvBoundaryAdapter::Validate(std::optional<std::span<const int32_t>> toke
     n_new = bundle->n_tokens;
   }
   if (role_.is_tail()) sampling.Validate();
+  CheckContext(expected_seq_len.value_or(0), n_new);
   return n_new;
+}
+
+void KvBoundaryAdapter::CheckContext(int64_t start, int64_t n_new) const {
+  const int64_t ctx = shard_->hparams().context_length;
+  if (n_new > ctx - start) {
+    ThrowInvalidArgument(
+        "positions " + std::to_string(start) + ".." + std::to_string(start + n_new - 1) +
+        " exceed the model's context length of " + std::to_string(ctx) + " tokens");
+  }
 }
 
 StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route_epoch,
@@ -96,6 +106,7 @@ StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route
   if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
   kv::KvStep step = std::move(std::get<kv::KvStep>(begun));
   const int64_t start = step.start_pos();
+  CheckContext(start, n_new);  // not committed: the reserved rows are given back
   if (!role_.is_head() && input.bundle->positions[0] != start) {
     Contract("boundary positions start at " + std::to_string(input.bundle->positions[0]) +
              " but this shard holds " + std::to_string(start) + " positions");

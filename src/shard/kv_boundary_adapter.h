@@ -66,6 +66,9 @@ class KvBoundaryAdapter {
                    std::optional<int64_t> expected_seq_len, const SamplingContract& sampling) const;
 
  private:
+  // kInvalidArgument when positions start..start+n_new-1 pass the model's
+  // context_length.
+  void CheckContext(int64_t start, int64_t n_new) const;
   StepOutput RunStep(std::string_view session_id, int64_t route_epoch, const StepInput& input,
                      std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
   const CertifiedArchitecture& arch() const { return shard_->arch(); }

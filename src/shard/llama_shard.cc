@@ -7,6 +7,7 @@
 #include "ops/matmul.h"
 #include "ops/nn.h"
 #include "ops/quantize.h"
+#include "shard/step_cancel.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -125,9 +126,19 @@ void LlamaShard::Embed(std::span<const int32_t> ids, float* hidden) const {
 }
 
 void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const {
+  // Long prefills run in chunks (through every layer each, the K/V of earlier
+  // chunks already in place): bounded scratch, and a cancelled step stops
+  // within one layer of one chunk (shard/step_cancel.h).
+  const int64_t d = hparams_.n_embd;
+  for (int64_t c = 0; c < n; c += kPrefillChunk) {
+    ForwardChunk(hidden + c * d, std::min(kPrefillChunk, n - c), step, step.start_pos() + c);
+  }
+}
+
+void LlamaShard::ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step,
+                              int64_t start) const {
   const model::LlamaHParams& hp = hparams_;
   const int64_t d = hp.n_embd;
-  const int64_t start = step.start_pos();
   const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f,
                              hp.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
   const ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
@@ -135,6 +146,7 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
   float* xb = ws->xb.data();
   void* mm = ws->mm.data();
   for (const model::LayerWeights& lw : weights_.layers()) {
+    if (StepCancelled()) break;  // thrown below, once the workspace is back
     const ops::PagedKvLayer kv = step.Layer(lw.layer);
     // ---- attention ----
     ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
@@ -162,6 +174,7 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
   }
   Return(std::move(ws));
+  ThrowIfStepCancelled();
 }
 
 void LlamaShard::Logits(const float* hidden_row, float* logits) const {

@@ -59,12 +59,17 @@ class LlamaShard {
   void Embed(std::span<const int32_t> ids, float* hidden) const;
   // Runs the owned layers over hidden (n_tokens, n_embd) in place, at positions
   // step.start_pos() .. +n_tokens, writing K/V into the step's reserved rows.
+  // Checks shard::StepCancelled() between layers and between chunks of
+  // kPrefillChunk positions; throws Error(kUnavailable) when cancelled (the
+  // caller does not commit the step).
   void Forward(float* hidden, int64_t n_tokens, const kv::KvStep& step) const;
+  static constexpr int64_t kPrefillChunk = 256;
   // Tail only: logits (vocab) of one residual row (n_embd): final norm + LM head.
   void Logits(const float* hidden_row, float* logits) const;
 
  private:
   struct Workspace;
+  void ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step, int64_t start) const;
   std::unique_ptr<Workspace> Acquire(int64_t n_tokens) const;
   void Return(std::unique_ptr<Workspace> ws) const;
 

@@ -24,6 +24,8 @@ std::string_view ErrorKindName(ErrorKind kind) {
       return "unavailable";
     case ErrorKind::kPermissionDenied:
       return "permission-denied";
+    case ErrorKind::kResourceExhausted:
+      return "resource-exhausted";
   }
   return "unknown";
 }

@@ -26,6 +26,7 @@ enum class ErrorKind {
   kMalformedFile,       // a GGUF (or other) file that fails validation
   kUnavailable,         // a peer could not be reached
   kPermissionDenied,    // wrong session secret or cluster token (rpc)
+  kResourceExhausted,   // the node is busy (admission, per-peer limits): retry later
 };
 
 // The wire/trace spelling of a kind: "invalid-argument", "stale-epoch", ...

@@ -17,6 +17,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <system_error>
+
+#include "util/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -65,10 +69,23 @@ ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   num_threads = std::max(num_threads, 1);
   workers_.reserve(static_cast<size_t>(num_threads - 1));
-  for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  try {
+    for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  } catch (const std::system_error& e) {
+    // The OS refused a thread (thread limit, memory): stop and join the ones
+    // already running (a joinable std::thread must not be destroyed), then
+    // report it as an error the caller can print.
+    const size_t started = workers_.size();
+    StopAndJoin();
+    throw Error(ErrorKind::kInvalidArgument,
+                "cannot start " + std::to_string(num_threads - 1) + " compute threads (" +
+                    std::to_string(started) + " started): " + e.what() + "; use fewer --threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { StopAndJoin(); }
+
+void ThreadPool::StopAndJoin() {
   {
     std::lock_guard<std::mutex> lock(wake_mu_);
     stop_.store(true, std::memory_order_relaxed);

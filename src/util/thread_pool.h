@@ -31,7 +31,9 @@ namespace meshnet {
 class ThreadPool {
  public:
   // num_threads counts the calling thread: N means N-1 workers. 0 picks
-  // std::thread::hardware_concurrency() (at least 1).
+  // std::thread::hardware_concurrency() (at least 1). Throws
+  // Error(kInvalidArgument) if the OS refuses a thread (workers already
+  // started are joined first). Callers bound N (cli: kMaxThreads).
   explicit ThreadPool(int num_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -54,6 +56,7 @@ class ThreadPool {
 
   void Run(int64_t n, int64_t min_chunk, Trampoline fn, void* ctx);
   void WorkerLoop();
+  void StopAndJoin();  // ends every worker; the pool is unusable after
   void RunChunks();
 
   std::vector<std::thread> workers_;

@@ -1,13 +1,20 @@
 #include "util/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "util/error.h"
 
 // Counts allocations made by the current thread (to check ParallelFor allocates nothing).
 namespace {
@@ -149,6 +156,45 @@ TEST(ThreadPool, ManyQuickJobsThenDestroy) {
     }
     EXPECT_EQ(sum.load(), 50 * (32 * 33 / 2));
   }
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MESHNET_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MESHNET_SANITIZED 1
+#endif
+#endif
+
+// In a death-test child: limits the address space to what is mapped now plus
+// 64 MiB (room for a few 8 MiB thread stacks), then asks for 256 threads.
+// Exits 0 when that is an Error.
+[[noreturn]] void StartPoolUnderAddressSpaceLimit() {
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t now = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+  const rlimit lim{now + (rlim_t{64} << 20), now + (rlim_t{64} << 20)};
+  setrlimit(RLIMIT_AS, &lim);
+  try {
+    ThreadPool pool(256);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(0);
+  }
+  std::_Exit(1);
+}
+
+// A thread the OS refuses (here: the address-space limit leaves room for a
+// few thread stacks only) is an Error naming the count, after the workers
+// already started are joined: not std::terminate, not a hang.
+TEST(ThreadPoolDeathTest, ThreadCreationFailureIsAnError) {
+#ifdef MESHNET_SANITIZED
+  GTEST_SKIP() << "sanitizers reserve more address space than the limit this test sets";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(StartPoolUnderAddressSpaceLimit(), ::testing::ExitedWithCode(0),
+              "cannot start 255 compute threads");
+#endif
 }
 
 }  // namespace

@@ -1,0 +1,252 @@
+// The `meshnet` command under hostile or mistaken input (issue 8): every run
+// is a child process with a time limit, so a hang fails the test. Nodes bind
+// 127.0.0.1 port 0 only and are killed and reaped in teardown.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "arch/architecture.h"
+#include "gguf/gguf_writer.h"
+#include "model/synthetic_model.h"
+#include "rpc/test_util.h"
+#include "tests/rpc/cli_run.h"
+#include "tests/rpc/node_process.h"
+
+namespace meshnet::rpc {
+namespace {
+
+using testing::CliResult;
+using ::testing::HasSubstr;
+using testing::NodeProcess;
+using ::testing::Not;
+using testing::RunCli;
+
+const std::string kModel = MESHNET_SHIPPED_MODEL;
+constexpr double kLimit = 60;  // seconds for any one run (sanitized builds are slow)
+
+std::string Describe(const CliResult& r) {
+  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
+         (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout ---\n" + r.out.substr(0, 2000) +
+         "\n--- stderr ---\n" + r.err.substr(0, 2000);
+}
+
+class CliHardeningTest : public ::testing::Test {
+ protected:
+  CliResult Run(const std::vector<std::string>& args, double limit = kLimit) {
+    return RunCli(MESHNET_BINARY, args, limit);
+  }
+  std::unique_ptr<NodeProcess> Serve(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--model", kModel, "--layers", "0-4", "--threads", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return std::make_unique<NodeProcess>(MESHNET_BINARY, args,
+                                         dir_.file("node-" + std::to_string(++n_) + ".log"));
+  }
+  // A synthetic Llama GGUF (its own 300-token vocabulary) with `tweak` applied.
+  std::string WriteModel(const std::string& name,
+                         const std::function<void(gguf::GgufWriter&)>& tweak = {}) {
+    gguf::GgufWriter w = model::SyntheticLlamaWriter(model::SyntheticLlamaSpec{});
+    if (tweak) tweak(w);
+    const std::string path = dir_.file(name);
+    w.WriteFile(path);
+    return path;
+  }
+
+  testing::ScratchDir dir_;
+  int n_ = 0;
+};
+
+// Count flags are bounded when parsed: no pool of 100000 threads is ever
+// attempted, no 2^31-token KV block accepted.
+TEST_F(CliHardeningTest, CountFlagsAreBoundedAtParseTime) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"serve", "--layers", "0-4", "--threads", "100000"},
+           {"serve", "--layers", "0-4", "--threads", "-1"},
+           {"serve", "--layers", "0-4", "--rpc-threads", "1000000"},
+           {"serve", "--layers", "0-4", "--block-tokens", "2147483647"},
+           {"serve", "--layers", "0-4", "--max-sessions", "0"},
+           {"generate", "--prompt", "x", "--threads", "100000"},
+           {"generate", "--prompt", "x", "--max-tokens", "-1"},
+           {"generate", "--prompt", "x", "--top-k", "-3"},
+           {"inspect", kModel, "--max-array", "-1"},
+       }) {
+    const CliResult r = Run(args);
+    EXPECT_FALSE(r.timed_out) << args[3];
+    EXPECT_NE(r.exit_code, 0) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr(args[args.size() - 2])) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr("must be an integer in")) << Describe(r);
+    EXPECT_THAT(r.out, Not(HasSubstr("listening on")));
+  }
+}
+
+// `--shards 0` names the flag and the range (CLI11's default said "Value 0
+// not a positive number" with no hint of the range).
+TEST_F(CliHardeningTest, ShardsZeroSaysWhatIsAllowed) {
+  const CliResult r = Run({"generate", "--prompt", "x", "--shards", "0"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--shards")) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("must be an integer in 1..1024, got '0'")) << Describe(r);
+}
+
+// A FIFO given as a model (or PEM file) is refused at once: the open must not
+// wait for a writer while signals are blocked (it hung, ignoring SIGTERM).
+TEST_F(CliHardeningTest, FifoInputsAreRefusedNotWaitedOn) {
+  const std::string fifo = dir_.file("model.fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"serve", "--model", fifo, "--layers", "0-0"},
+           {"generate", "--model", fifo, "--prompt", "x"},
+           {"inspect", fifo},
+           {"serve", "--model", kModel, "--layers", "0-4", "--tls-cert", fifo, "--tls-key", fifo},
+       }) {
+    const CliResult r = Run(args, 20);
+    ASSERT_FALSE(r.timed_out) << args[0] << " blocked on a FIFO";
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr("not a regular file")) << Describe(r);
+  }
+}
+
+// A GGUF whose block_count claims 2^31-1 layers: exit 2 with a clear message
+// (was std::bad_alloc, exit 1).
+TEST_F(CliHardeningTest, HugeDeclaredLayerCountExitsTwo) {
+  const std::string path = WriteModel("huge.gguf", [](gguf::GgufWriter& w) {
+    w.Set(CertifiedArchitectureFor("llama").Key(ArchKey::kBlockCount),
+          gguf::WriterValue::U32(2147483647u));
+  });
+  const CliResult r = Run({"generate", "--model", path, "--prompt", "x", "--max-tokens", "1"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("2147483647 layers")) << Describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("bad_alloc")));
+}
+
+// inspect never writes raw control bytes from the file (terminal escapes).
+TEST_F(CliHardeningTest, InspectEscapesFileContent) {
+  const std::string path = WriteModel("evil.gguf", [](gguf::GgufWriter& w) {
+    w.Set("x.\x1b]0;owned\x07\x1b[2J", gguf::WriterValue::String("\x1b[31mred\x9b"));
+  });
+  const CliResult r = Run({"inspect", path});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+  EXPECT_EQ(r.out.find('\x07'), std::string::npos);
+  EXPECT_EQ(r.out.find('\x9b'), std::string::npos);
+  EXPECT_THAT(r.out, HasSubstr("x.\\x1b]0;owned\\x07\\x1b[2J"));
+}
+
+// A block that cannot fit the budget is refused at start (it used to start
+// and then refuse every step).
+TEST_F(CliHardeningTest, ServeChecksBlockTokensAgainstTheBudgetAtStart) {
+  const CliResult r = Run({"serve", "--model", kModel, "--layers", "0-4", "--threads", "1",
+                           "--kv-budget", "64KiB", "--block-tokens", "65536"});
+  ASSERT_FALSE(r.timed_out) << "serve started with a block larger than its budget";
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("--block-tokens 65536")) << Describe(r);
+  EXPECT_THAT(r.out, Not(HasSubstr("listening on")));
+}
+
+// kv replay: a directory is an unreadable input, exit 2 as its help says.
+TEST_F(CliHardeningTest, KvReplayDirectoryExitsTwo) {
+  const CliResult r = Run({"kv", "replay", "-i", dir_.path().string()});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("a directory")) << Describe(r);
+}
+
+// generate takes the dtype spellings serve takes.
+TEST_F(CliHardeningTest, GenerateAcceptsHalfPrecisionAliases) {
+  for (const char* dtype : {"f16", "bf16", "fp32"}) {
+    const CliResult r = Run({"generate", "--prompt", "Once", "--max-tokens", "2", "--threads", "1",
+                             "--kv-dtype", dtype});
+    EXPECT_EQ(r.exit_code, 0) << dtype << "\n" << Describe(r);
+  }
+}
+
+// In-process-only flags are an error with --nodes, not silently ignored.
+TEST_F(CliHardeningTest, InProcessFlagsWithNodesAreAnError) {
+  for (const char* flag : {"--kv-budget=1MiB", "--split=0-4", "--shards=2"}) {
+    const CliResult r = Run({"generate", "--prompt", "x", "--nodes", "127.0.0.1:1", flag});
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr(std::string(flag).substr(0, std::string(flag).find('='))))
+        << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr("with --nodes")) << Describe(r);
+  }
+}
+
+// A second node on a live node's port fails (SO_REUSEPORT off) instead of
+// sharing its connections.
+TEST_F(CliHardeningTest, PortInUseExitsTwo) {
+  auto node = Serve();
+  const CliResult r = Run({"serve", "--model", kModel, "--layers", "0-4", "--threads", "1",
+                           "--listen", node->address()},
+                          30);
+  ASSERT_FALSE(r.timed_out) << "a second node bound a live node's port:\n" << Describe(r);
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("address in use")) << Describe(r);
+}
+
+// A node and a client that disagree on the model: refused at route planning
+// (the client's tokenizer would map ids of another vocabulary).
+TEST_F(CliHardeningTest, TokenizerModelMismatchIsRefused) {
+  auto node = Serve();
+  const std::string other = WriteModel("other.gguf");
+  const CliResult r = Run({"generate", "--model", other, "--nodes", node->address(), "--prompt",
+                           "Once", "--max-tokens", "2"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("tokenizer")) << Describe(r);
+}
+
+// A huge --timeout is clamped, not overflowed into a deadline in the past.
+TEST_F(CliHardeningTest, HugeTimeoutIsClamped) {
+  auto node = Serve();
+  const CliResult r = Run({"generate", "--nodes", node->address(), "--prompt", "Once",
+                           "--max-tokens", "3", "--timeout", "1e13", "--output", "json"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.out, HasSubstr("\"generated_ids\":[")) << Describe(r);
+}
+
+// A plaintext client against a TLS node: the error says TLS may be the cause.
+TEST_F(CliHardeningTest, TlsMismatchIsNamed) {
+  const testing::TestPki pki = testing::MakeTestPki(dir_);
+  auto node = Serve({"--tls-cert", pki.server_cert, "--tls-key", pki.server_key});
+  const CliResult r =
+      Run({"generate", "--nodes", node->address(), "--prompt", "Once", "--max-tokens", "2"});
+  EXPECT_NE(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("--tls-ca")) << Describe(r);
+}
+
+// Opens a TCP connection to host:port and sends an unfinished HTTP request
+// (no blank line): the server waits for the rest. Returns the fd.
+int HalfOpenRequest(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  (void)!send(fd, partial.data(), partial.size(), 0);
+  return fd;
+}
+
+// Four half-open HTTP requests must not block /metrics (civetweb's default
+// two threads with a 30 s read timeout did; HttpGet gives up after 5 s).
+TEST_F(CliHardeningTest, HalfOpenRequestsDoNotBlockMetrics) {
+  auto node = std::make_unique<NodeProcess>(
+      MESHNET_BINARY,
+      std::vector<std::string>{"--model", kModel, "--layers", "0-4", "--threads", "1",
+                               "--metrics-listen", "127.0.0.1:0"},
+      dir_.file("metrics.log"), /*expect_metrics=*/true);
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) fds.push_back(HalfOpenRequest(node->metrics_address()));
+  for (int fd : fds) EXPECT_GE(fd, 0);
+  const std::string body = testing::HttpGet(node->metrics_address(), "/metrics");
+  EXPECT_THAT(body, HasSubstr("meshnet_")) << "no /metrics answer while 4 requests were half-open";
+  for (int fd : fds) close(fd);
+}
+
+}  // namespace
+}  // namespace meshnet::rpc
