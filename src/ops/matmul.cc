@@ -72,6 +72,9 @@ bool MatMulQuantizesActivations(GgmlType type) {
 }
 
 size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols) {
+  if (type == GgmlType::kF16) {  // the f16-rounded activations, made once per call
+    return kAlign + RoundUp(static_cast<size_t>(n_tokens * cols) * sizeof(float));
+  }
   if (!MatMulQuantizesActivations(type)) return 0;
   const auto nt = static_cast<size_t>(n_tokens);
   const auto nb = static_cast<size_t>(cols / 32);
@@ -87,11 +90,21 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
   // Enough groups per chunk that a chunk streams a few hundred KB in decode.
   const int64_t min_chunk = n_tokens == 1 ? 8 : 1;
   if (!MatMulQuantizesActivations(w.type)) {
+    // F16 weights: round the activations once when there is scratch for them
+    // (else each row's kernel rounds them again).
+    bool round_acts = w.type == GgmlType::kF16;
+    const float* xa = x;
+    if (round_acts && scratch != nullptr) {
+      auto* xr = reinterpret_cast<float*>(AlignUp(scratch));
+      internal::RoundToF16(x, n_tokens * w.cols, xr);
+      xa = xr;
+      round_acts = false;
+    }
     ForRows(
         pool, groups,
         [&](int64_t g0, int64_t g1) {
-          internal::MatMulFloatRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), x,
-                                    n_tokens, y);
+          internal::MatMulFloatRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), xa,
+                                    n_tokens, y, round_acts);
         },
         min_chunk);
     return;

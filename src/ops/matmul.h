@@ -10,7 +10,7 @@
 // llama.cpp's greedy output is an exact oracle for every weight type:
 // - F32/BF16 weights: float activations, float accumulation.
 // - F16 weights: activations rounded to f16 (round to nearest even), float
-//   accumulation.
+//   accumulation (rounded once into scratch; with no scratch, per row).
 // - Q8_0/Q4_0/Q5_0/IQ4_NL weights: activations as GGML's q8_0 per 32-block
 //   (d = max|x|/127, q = round-half-even(x * 127/max|x|), d rounded to f16).
 // - Q4_1/Q5_1 weights: q8_1, i.e. q8_0 plus s = f16(d * sum(q)) per block,

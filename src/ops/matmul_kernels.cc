@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "hwy/highway.h"
 #include "ops/half_inline.h"
@@ -322,7 +321,11 @@ HWY_INLINE float ScalarWeight(const hwy::bfloat16_t* p) {
 // vec_dot_type F16): round to nearest even at 10 fraction bits for normal
 // halves, to a multiple of 2^-24 (by adding and removing 0.75, whose ulp that
 // is) below 2^-14. Exact for |x| < 65520, beyond which a half would be inf.
+// x86 targets with F16C convert in hardware (two instructions instead of eight).
 HWY_INLINE hn::Vec<DF> RoundToF16(DF df, hn::Vec<DF> v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2  // F16C: vcvtps2ph rounds to nearest even
+  return hn::PromoteTo(df, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
+#else
   const hn::RebindToUnsigned<DF> du;
   const auto bits = hn::BitCast(du, v);
   const auto lsb = hn::And(hn::ShiftRight<13>(bits), hn::Set(du, 1));
@@ -331,19 +334,22 @@ HWY_INLINE hn::Vec<DF> RoundToF16(DF df, hn::Vec<DF> v) {
   const auto c = hn::Set(df, 0.75f);
   const auto tiny = hn::Sub(hn::Add(v, c), c);
   return hn::IfThenElse(hn::Lt(hn::Abs(v), hn::Set(df, 0x1p-14f)), tiny, hn::BitCast(df, rounded));
+#endif
 }
-template <class WT>
+// kRound: the activations still need rounding to f16 (F16 weights without
+// scratch for pre-rounded activations).
+template <bool kRound>
 HWY_INLINE hn::Vec<DF> LoadActs(DF df, const float* p) {
-  if constexpr (std::is_same_v<WT, hwy::float16_t>) return RoundToF16(df, hn::LoadU(df, p));
+  if constexpr (kRound) return RoundToF16(df, hn::LoadU(df, p));
   return hn::LoadU(df, p);
 }
-template <class WT>
+template <bool kRound>
 HWY_INLINE float ScalarAct(float v) {
-  if constexpr (std::is_same_v<WT, hwy::float16_t>) return HalfToFloat(FloatToHalf(v));
+  if constexpr (kRound) return HalfToFloat(FloatToHalf(v));
   return v;
 }
 
-template <class WT, int R, int T>
+template <class WT, bool kRound, int R, int T>
 HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const float* x, float* y) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
@@ -367,26 +373,27 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
     if (addr % sizeof(WT) == 0 && head > 0 && head + n <= cols) {
       const auto m = hn::FirstN(df, static_cast<size_t>(head));
       acc[0][0] = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0])),
-                             hn::IfThenElseZero(m, LoadActs<WT>(df, xs[0])), acc[0][0]);
+                             hn::IfThenElseZero(m, LoadActs<kRound>(df, xs[0])), acc[0][0]);
       i = head;
     }
     auto a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (; i + 4 * n <= cols; i += 4 * n) {
-      acc[0][0] = hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<WT>(df, xs[0] + i), acc[0][0]);
-      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), LoadActs<WT>(df, xs[0] + i + n), a1);
-      a2 =
-          hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), LoadActs<WT>(df, xs[0] + i + 2 * n), a2);
-      a3 =
-          hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), LoadActs<WT>(df, xs[0] + i + 3 * n), a3);
+      acc[0][0] =
+          hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<kRound>(df, xs[0] + i), acc[0][0]);
+      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), LoadActs<kRound>(df, xs[0] + i + n), a1);
+      a2 = hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), LoadActs<kRound>(df, xs[0] + i + 2 * n),
+                      a2);
+      a3 = hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), LoadActs<kRound>(df, xs[0] + i + 3 * n),
+                      a3);
     }
     for (; i + n <= cols; i += n) {
-      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<WT>(df, xs[0] + i), a1);
+      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<kRound>(df, xs[0] + i), a1);
     }
     if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
       const int64_t last = cols - n;
       const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - last)));
       a2 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0] + last)),
-                      hn::IfThenElseZero(m, LoadActs<WT>(df, xs[0] + last)), a2);
+                      hn::IfThenElseZero(m, LoadActs<kRound>(df, xs[0] + last)), a2);
       i = cols;
     }
     acc[0][0] = hn::Add(hn::Add(acc[0][0], a1), hn::Add(a2, a3));
@@ -395,54 +402,64 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
     hn::Vec<DF> wv[R];
     for (int r = 0; r < R; ++r) wv[r] = LoadWeights(df, rows[r] + i);
     for (int t = 0; t < T; ++t) {
-      const auto xv = LoadActs<WT>(df, xs[t] + i);
+      const auto xv = LoadActs<kRound>(df, xs[t] + i);
       for (int r = 0; r < R; ++r) acc[r][t] = hn::MulAdd(wv[r], xv, acc[r][t]);
     }
   }
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
-      for (int64_t k = i; k < cols; ++k) sum += ScalarWeight(rows[r] + k) * ScalarAct<WT>(xs[t][k]);
+      for (int64_t k = i; k < cols; ++k)
+        sum += ScalarWeight(rows[r] + k) * ScalarAct<kRound>(xs[t][k]);
       y[(t0 + t) * w.rows + r0 + r] = sum;
     }
   }
 }
 
-template <class WT, int R, int T>
+template <class WT, bool kRound, int R, int T>
 HWY_INLINE void FloatTokens(const WeightMatrix& w, int64_t r0, const float* x, int64_t n_tokens,
                             float* y) {
   int64_t t = 0;
-  for (; t + T <= n_tokens; t += T) FloatTile<WT, R, T>(w, r0, t, x, y);
-  for (; t < n_tokens; ++t) FloatTile<WT, R, 1>(w, r0, t, x, y);
+  for (; t + T <= n_tokens; t += T) FloatTile<WT, kRound, R, T>(w, r0, t, x, y);
+  for (; t < n_tokens; ++t) FloatTile<WT, kRound, R, 1>(w, r0, t, x, y);
 }
 
-template <class WT>
+template <class WT, bool kRound>
 void FloatRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
                int64_t n_tokens, float* y) {
   int64_t r = r_begin;
   if (n_tokens == 1) {
-    for (; r < r_end; ++r) FloatTile<WT, 1, 1>(w, r, 0, x, y);
+    for (; r < r_end; ++r) FloatTile<WT, kRound, 1, 1>(w, r, 0, x, y);
   } else {
     if constexpr (kWideRegs) {
-      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, 4, 4>(w, r, x, n_tokens, y);
+      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, kRound, 4, 4>(w, r, x, n_tokens, y);
     }
-    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, 2, 4>(w, r, x, n_tokens, y);
+    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, kRound, 2, 4>(w, r, x, n_tokens, y);
   }
-  for (; r < r_end; ++r) FloatTokens<WT, 1, 4>(w, r, x, n_tokens, y);
+  for (; r < r_end; ++r) FloatTokens<WT, kRound, 1, 4>(w, r, x, n_tokens, y);
 }
 
 void MatMulFloatRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
-                         int64_t n_tokens, float* y) {
+                         int64_t n_tokens, float* y, bool round_acts) {
   switch (w.type) {
     case GgmlType::kF32:
-      return FloatRows<float>(w, r_begin, r_end, x, n_tokens, y);
+      return FloatRows<float, false>(w, r_begin, r_end, x, n_tokens, y);
     case GgmlType::kF16:
-      return FloatRows<hwy::float16_t>(w, r_begin, r_end, x, n_tokens, y);
+      if (round_acts) return FloatRows<hwy::float16_t, true>(w, r_begin, r_end, x, n_tokens, y);
+      return FloatRows<hwy::float16_t, false>(w, r_begin, r_end, x, n_tokens, y);
     case GgmlType::kBF16:
-      return FloatRows<hwy::bfloat16_t>(w, r_begin, r_end, x, n_tokens, y);
+      return FloatRows<hwy::bfloat16_t, false>(w, r_begin, r_end, x, n_tokens, y);
     default:
       return;  // quantized types take MatMulQuantRows
   }
+}
+
+void RoundToF16Impl(const float* x, int64_t n, float* out) {
+  const DF df;
+  const auto l = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + l <= n; i += l) hn::StoreU(RoundToF16(df, hn::LoadU(df, x + i)), df, out + i);
+  for (; i < n; ++i) out[i] = HalfToFloat(FloatToHalf(x[i]));
 }
 
 }  // namespace HWY_NAMESPACE
@@ -455,6 +472,7 @@ namespace meshnet::ops::internal {
 HWY_EXPORT(QuantizeActsImpl);
 HWY_EXPORT(MatMulQuantRowsImpl);
 HWY_EXPORT(MatMulFloatRowsImpl);
+HWY_EXPORT(RoundToF16Impl);
 
 void QuantizeActs(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_end,
                   const QuantActs& a) {
@@ -465,8 +483,11 @@ void MatMulQuantRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
   HWY_DYNAMIC_DISPATCH(MatMulQuantRowsImpl)(w, row_begin, row_end, acts, n_tokens, y);
 }
 void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                     int64_t n_tokens, float* y) {
-  HWY_DYNAMIC_DISPATCH(MatMulFloatRowsImpl)(w, row_begin, row_end, x, n_tokens, y);
+                     int64_t n_tokens, float* y, bool round_acts) {
+  HWY_DYNAMIC_DISPATCH(MatMulFloatRowsImpl)(w, row_begin, row_end, x, n_tokens, y, round_acts);
+}
+void RoundToF16(const float* x, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(RoundToF16Impl)(x, n, out);
 }
 
 }  // namespace meshnet::ops::internal

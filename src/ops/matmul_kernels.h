@@ -31,7 +31,10 @@ void QuantizeActs(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_end,
 // y[t * w.rows + r] for r in [row_begin, row_end), t in [0, n_tokens).
 void MatMulQuantRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
                      const QuantActs& acts, int64_t n_tokens, float* y);
+// round_acts: F16 weights whose activations x are not yet rounded to f16.
 void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                     int64_t n_tokens, float* y);
+                     int64_t n_tokens, float* y, bool round_acts);
+// out[i] = x[i] rounded to f16 (nearest even), as float.
+void RoundToF16(const float* x, int64_t n, float* out);
 
 }  // namespace meshnet::ops::internal
