@@ -372,8 +372,10 @@ void BM_MatVec(benchmark::State& state) {
 }
 
 void MatVecArgs(benchmark::internal::Benchmark* b) {
-  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                     GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType t :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
+        GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K,
+        GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
     for (int threads : {1, 2}) {
       b->Args({static_cast<int64_t>(t), 2048, 768, threads});
       b->Args({static_cast<int64_t>(t), 768, 2048, threads});

@@ -1,6 +1,7 @@
 // meshnet make-model: writes a random-weight Llama-family GGUF of the given
 // dimensions and weight type, with the tokenizer of another GGUF (see
 // gguf/make_model.h for the weights it draws). Bad flags exit with code 2.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -18,7 +19,8 @@ GgmlType ParseTypeFlag(const char* flag, const std::string& s) {
   if (auto t = ParseGgmlType(s)) return *t;
   throw Error(ErrorKind::kInvalidArgument, std::string(flag) + " '" + s +
                                                "' is not a supported type (f32, f16, bf16, "
-                                               "q8_0, q4_0, q4_k, q6_k)");
+                                               "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, "
+                                               "q3_k, q4_k, q5_k, q6_k, iq4_xs)");
 }
 
 void SetupMakeModel(CLI::App* sub, int* exit_code) {
@@ -44,7 +46,9 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
   sub->add_option("--n-kv-heads", flags->n_kv_heads, "KV heads (default: --n-heads)");
   sub->add_option("--n-ff", o.n_ff, "Feed-forward length")->capture_default_str();
   sub->add_option("--type", flags->type,
-                  "Weight type of the 2-D matrices: f32 f16 bf16 q8_0 q4_0 q4_k q6_k")
+                  "Weight type of the 2-D matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 "
+                  "iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs; a comma-separated list makes the "
+                  "matrices cycle through the types in file order")
       ->capture_default_str();
   sub->add_option("--embd-type", flags->embd_type, "Type of token_embd (default: --type)");
   sub->add_option("--seed", o.seed, "Random seed")->capture_default_str();
@@ -64,7 +68,15 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
       "are ones.\nExit status: 0 on success, 2 for bad flags or an unreadable tokenizer file.");
   sub->callback([flags, exit_code] {
     gguf::MakeModelOptions o = flags->o;
-    o.type = ParseTypeFlag("--type", flags->type);
+    o.type = ParseTypeFlag("--type", flags->type.substr(0, flags->type.find(',')));
+    if (flags->type.find(',') != std::string::npos) {
+      size_t start = 0;
+      while (start <= flags->type.size()) {
+        const size_t comma = std::min(flags->type.find(',', start), flags->type.size());
+        o.mix_types.push_back(ParseTypeFlag("--type", flags->type.substr(start, comma - start)));
+        start = comma + 1;
+      }
+    }
     if (!flags->embd_type.empty())
       o.embedding_type = ParseTypeFlag("--embd-type", flags->embd_type);
     o.n_kv_heads = flags->n_kv_heads > 0 ? flags->n_kv_heads : o.n_heads;

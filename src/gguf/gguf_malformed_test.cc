@@ -184,8 +184,8 @@ TEST(GgufMalformed, TargetedCorruptions) {
        "overflows"},
       {"byte overflow", [](RawFile* r) { r->tensors[0].dims = {uint64_t{1} << 62}; },
        "byte size overflows"},
-      {"type Q4_1 (3)", [](RawFile* r) { r->tensors[1].type = 3; },
-       "tensor 'b': unknown or unsupported tensor type id 3"},
+      {"type IQ2_XXS (16)", [](RawFile* r) { r->tensors[1].type = 16; },
+       "tensor 'b': unknown or unsupported tensor type id 16"},
       {"type 999", [](RawFile* r) { r->tensors[0].type = 999; }, "type id 999"},
       {"Q8_0 ne0 16",
        [](RawFile* r) {
@@ -211,6 +211,35 @@ TEST(GgufMalformed, TargetedCorruptions) {
     c.mutate(&r);
     ExpectMalformed(r.Build(), c.needle, c.what);
   }
+}
+
+// The block formats of llama.cpp's presets load with their byte sizes; a
+// tensor whose size (from type and shape) disagrees with the file's layout,
+// or whose rows are not whole blocks, is rejected naming the tensor.
+TEST(GgufMalformed, QuantTypeSizesAreChecked) {
+  struct Type {
+    uint32_t id;
+    uint64_t block_elems, block_bytes;
+  };
+  for (const Type& t :
+       {Type{3, 32, 20}, Type{6, 32, 22}, Type{7, 32, 24}, Type{20, 32, 18}, Type{10, 256, 84},
+        Type{11, 256, 110}, Type{13, 256, 176}, Type{23, 256, 136}}) {
+    RawFile r;
+    r.tensors[1] = {"b", {t.block_elems, 2}, t.id, 64};
+    r.data_bytes = 64 + 2 * t.block_bytes;
+    const GgufFile f = GgufFile::FromBytes(r.Build());
+    EXPECT_EQ(f.RequireTensor("b").n_bytes, 2 * t.block_bytes) << t.id;
+    r.data_bytes -= 1;  // one byte short
+    ExpectMalformed(r.Build(), "tensor 'b'", "short " + std::to_string(t.id));
+    r.data_bytes += 1;
+    r.tensors[1].dims = {t.block_elems + 16, 2};  // a partial block per row
+    ExpectMalformed(r.Build(), "is not a multiple of the", "partial " + std::to_string(t.id));
+  }
+  RawFile r;  // a: F32 [8, 2] = 64 bytes, but b starts 32 bytes after it
+  r.tensors[1].offset = 32;
+  ExpectMalformed(r.Build(),
+                  "tensor 'a': byte size 64 of F32 [8, 2] overruns the data of tensor 'b'",
+                  "overlap");
 }
 
 // A writer-made file with varied metadata and two tensors, the last of which

@@ -311,6 +311,29 @@ class GgufParser {
       t.offset = data_offset + rel;
       t.data = base_ + t.offset;
     }
+    CheckNoOverlap();
+  }
+
+  // A tensor's bytes (from its type and shape) must end before the next
+  // tensor's data begins: otherwise its size does not match what the file
+  // laid out for it.
+  void CheckNoOverlap() {
+    std::vector<const TensorInfo*> by_offset;
+    by_offset.reserve(f_->tensors_.size());
+    for (const TensorInfo& t : f_->tensors_) by_offset.push_back(&t);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+    for (size_t i = 0; i + 1 < by_offset.size(); ++i) {
+      const TensorInfo& t = *by_offset[i];
+      const TensorInfo& next = *by_offset[i + 1];
+      if (t.n_bytes > next.offset - t.offset) {
+        context_ = "tensor '" + Escaped(t.name) + "'";
+        Fail("byte size " + std::to_string(t.n_bytes) + " of " +
+             std::string(GgmlTypeInfoOf(t.type).name) + " " + t.ShapeString() +
+             " overruns the data of tensor '" + Escaped(next.name) + "' " +
+             std::to_string(next.offset - t.offset) + " bytes later");
+      }
+    }
   }
 
   GgufFile* f_;

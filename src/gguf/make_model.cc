@@ -66,12 +66,28 @@ uint32_t FileType(GgmlType t) {
       return 1;
     case GgmlType::kQ4_0:
       return 2;
+    case GgmlType::kQ4_1:
+      return 3;
     case GgmlType::kQ8_0:
       return 7;
+    case GgmlType::kQ5_0:
+      return 8;
+    case GgmlType::kQ5_1:
+      return 9;
+    case GgmlType::kQ2_K:
+      return 10;
+    case GgmlType::kQ3_K:
+      return 12;  // Q3_K_M
     case GgmlType::kQ4_K:
       return 15;  // Q4_K_M
+    case GgmlType::kQ5_K:
+      return 17;  // Q5_K_M
     case GgmlType::kQ6_K:
       return 18;
+    case GgmlType::kIQ4_NL:
+      return 25;
+    case GgmlType::kIQ4_XS:
+      return 30;
     case GgmlType::kBF16:
       return 32;
   }
@@ -141,6 +157,10 @@ void ValidateMakeModelOptions(const MakeModelOptions& o) {
   }
   CheckBlock("--n-embd", o.n_embd, o.type, "--type");
   CheckBlock("--n-ff", o.n_ff, o.type, "--type");
+  for (GgmlType t : o.mix_types) {
+    CheckBlock("--n-embd", o.n_embd, t, "--type");
+    CheckBlock("--n-ff", o.n_ff, t, "--type");
+  }
   if (o.embedding_type) CheckBlock("--n-embd", o.n_embd, *o.embedding_type, "--embd-type");
   if (!(o.rope_base > 0.0f) || !std::isfinite(o.rope_base)) {
     ThrowInvalidArgument("--rope-base must be a positive finite number");
@@ -233,14 +253,18 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
   };
 
   const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(o.n_layers));
-  add_matrix(CertifiedArchitecture::kTokenEmbedding, o.embedding_type.value_or(o.type), o.n_embd,
-             summary.vocab_size, 1.0);
+  size_t next_mix = 0;
+  auto matrix_type = [&] {
+    return o.mix_types.empty() ? o.type : o.mix_types[next_mix++ % o.mix_types.size()];
+  };
+  add_matrix(CertifiedArchitecture::kTokenEmbedding, o.embedding_type.value_or(matrix_type()),
+             o.n_embd, summary.vocab_size, 1.0);
   for (int layer = 0; layer < o.n_layers; ++layer) {
     auto name = [layer](LayerTensor t) { return CertifiedArchitecture::LayerTensorName(layer, t); };
     add_norm(name(LayerTensor::kAttnNorm));
-    add_matrix(name(LayerTensor::kAttnQ), o.type, o.n_embd, o.n_embd, 1.0);
-    add_matrix(name(LayerTensor::kAttnK), o.type, o.n_embd, n_embd_kv, 1.0);
-    add_matrix(name(LayerTensor::kAttnV), o.type, o.n_embd, n_embd_kv, 1.0);
+    add_matrix(name(LayerTensor::kAttnQ), matrix_type(), o.n_embd, o.n_embd, 1.0);
+    add_matrix(name(LayerTensor::kAttnK), matrix_type(), o.n_embd, n_embd_kv, 1.0);
+    add_matrix(name(LayerTensor::kAttnV), matrix_type(), o.n_embd, n_embd_kv, 1.0);
     if (arch.qkv_bias) {
       for (auto [t, n] :
            {std::pair{LayerTensor::kAttnQ, o.n_embd}, std::pair{LayerTensor::kAttnK, n_embd_kv},
@@ -249,15 +273,15 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
         add_vector(bias, random_vector(bias, n));
       }
     }
-    add_matrix(name(LayerTensor::kAttnOutput), o.type, o.n_embd, o.n_embd, residual_scale);
+    add_matrix(name(LayerTensor::kAttnOutput), matrix_type(), o.n_embd, o.n_embd, residual_scale);
     add_norm(name(LayerTensor::kFfnNorm));
-    add_matrix(name(LayerTensor::kFfnGate), o.type, o.n_embd, o.n_ff, 1.0);
-    add_matrix(name(LayerTensor::kFfnUp), o.type, o.n_embd, o.n_ff, 1.0);
-    add_matrix(name(LayerTensor::kFfnDown), o.type, o.n_ff, o.n_embd, residual_scale);
+    add_matrix(name(LayerTensor::kFfnGate), matrix_type(), o.n_embd, o.n_ff, 1.0);
+    add_matrix(name(LayerTensor::kFfnUp), matrix_type(), o.n_embd, o.n_ff, 1.0);
+    add_matrix(name(LayerTensor::kFfnDown), matrix_type(), o.n_ff, o.n_embd, residual_scale);
   }
   add_norm(CertifiedArchitecture::kOutputNorm);
   if (!o.tie_output) {
-    add_matrix(CertifiedArchitecture::kOutput, o.type, o.n_embd, summary.vocab_size, 1.0);
+    add_matrix(CertifiedArchitecture::kOutput, matrix_type(), o.n_embd, summary.vocab_size, 1.0);
   }
   if (o.rope_freqs) {
     add_vector(CertifiedArchitecture::kRopeFreqs, Llama3RopeFactors(head_dim, o.rope_base));

@@ -36,7 +36,11 @@ struct MakeModelOptions {
   int64_t n_heads = 12;
   int64_t n_kv_heads = 12;
   int64_t n_ff = 2048;
-  GgmlType type = GgmlType::kQ8_0;         // 2-D weight matrices
+  GgmlType type = GgmlType::kQ8_0;  // 2-D weight matrices
+  // When non-empty: the 2-D matrices (token_embd included unless
+  // embedding_type is set) cycle through these types in file order, so one
+  // model mixes them (`--type q4_k,q5_0,...`); `type` is then mix_types[0].
+  std::vector<GgmlType> mix_types;
   std::optional<GgmlType> embedding_type;  // token_embd; default: `type`
   uint64_t seed = 1;
   int64_t context = 512;
@@ -61,7 +65,7 @@ struct MakeModelSummary {
 
 // Throws Error(kInvalidArgument) for inconsistent options: non-positive or
 // absurd sizes, n_embd % n_heads, n_heads % n_kv_heads, odd head_dim, n_embd
-// or n_ff not a multiple of a weight type's block size, bad rope/eps/context.
+// or n_ff not a multiple of a weight type's block size (each of mix_types), bad rope/eps/context.
 void ValidateMakeModelOptions(const MakeModelOptions& o);
 
 // Adds every key and tensor of the model to `w` (the tensor data is produced

@@ -3,12 +3,14 @@
 // the dispatched per-target kernels in matmul_kernels.cc.
 #include "ops/matmul.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "ops/matmul_kernels.h"
 #include "ops/quantize.h"
+#include "util/dtype.h"
 
 namespace meshnet::ops {
 
@@ -38,17 +40,46 @@ void ForRows(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_chunk) {
 
 }  // namespace
 
+ActFormat ActFormatFor(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kBF16:
+      return ActFormat::kF32;
+    case GgmlType::kF16:
+      return ActFormat::kF16;
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
+      return ActFormat::kQ8_0;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+      return ActFormat::kQ8_1;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_XS:
+      return ActFormat::kQ8_K;
+  }
+  return ActFormat::kF32;
+}
+
 bool MatMulQuantizesActivations(GgmlType type) {
-  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K ||
-         type == GgmlType::kQ6_K;
+  const ActFormat f = ActFormatFor(type);
+  return f != ActFormat::kF32 && f != ActFormat::kF16;
 }
 
 size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols) {
+  if (type == GgmlType::kF16) {  // the f16-rounded activations, made once per call
+    return kAlign + RoundUp(static_cast<size_t>(n_tokens * cols) * sizeof(float));
+  }
   if (!MatMulQuantizesActivations(type)) return 0;
   const auto nt = static_cast<size_t>(n_tokens);
   const auto nb = static_cast<size_t>(cols / 32);
   return kAlign + RoundUp(nt * static_cast<size_t>(cols) * sizeof(int16_t)) +
-         2 * RoundUp(nt * nb * sizeof(float));
+         2 * RoundUp(nt * nb * sizeof(float)) + RoundUp(nt * 2 * nb * sizeof(float));
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
@@ -59,11 +90,21 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
   // Enough groups per chunk that a chunk streams a few hundred KB in decode.
   const int64_t min_chunk = n_tokens == 1 ? 8 : 1;
   if (!MatMulQuantizesActivations(w.type)) {
+    // F16 weights: round the activations once when there is scratch for them
+    // (else each row's kernel rounds them again).
+    bool round_acts = w.type == GgmlType::kF16;
+    const float* xa = x;
+    if (round_acts && scratch != nullptr) {
+      auto* xr = reinterpret_cast<float*>(AlignUp(scratch));
+      internal::RoundToF16(x, n_tokens * w.cols, xr);
+      xa = xr;
+      round_acts = false;
+    }
     ForRows(
         pool, groups,
         [&](int64_t g0, int64_t g1) {
-          internal::MatMulFloatRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), x,
-                                    n_tokens, y);
+          internal::MatMulFloatRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), xa,
+                                    n_tokens, y, round_acts);
         },
         min_chunk);
     return;
@@ -71,19 +112,22 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
   const auto nt = static_cast<size_t>(n_tokens);
   const auto nb = static_cast<size_t>(w.cols / 32);
   uint8_t* p = AlignUp(scratch);
-  auto* q = reinterpret_cast<int16_t*>(p);
+  internal::QuantActs acts;
+  acts.cols = w.cols;
+  acts.q = reinterpret_cast<int16_t*>(p);
   p += RoundUp(nt * static_cast<size_t>(w.cols) * sizeof(int16_t));
-  auto* d = reinterpret_cast<float*>(p);
+  acts.d = reinterpret_cast<float*>(p);
   p += RoundUp(nt * nb * sizeof(float));
-  auto* dxs = reinterpret_cast<float*>(p);
+  acts.dxs = reinterpret_cast<float*>(p);
+  p += RoundUp(nt * nb * sizeof(float));
+  acts.dxs16 = reinterpret_cast<float*>(p);
+  const ActFormat fmt = ActFormatFor(w.type);
   if (n_tokens == 1 || pool == nullptr) {
-    internal::QuantizeActs(x, w.cols, 0, n_tokens, q, d, dxs);
+    internal::QuantizeActs(fmt, x, 0, n_tokens, acts);
   } else {
-    pool->ParallelFor(n_tokens, [&](int64_t t0, int64_t t1) {
-      internal::QuantizeActs(x, w.cols, t0, t1, q, d, dxs);
-    });
+    pool->ParallelFor(
+        n_tokens, [&](int64_t t0, int64_t t1) { internal::QuantizeActs(fmt, x, t0, t1, acts); });
   }
-  const internal::QuantActs acts{q, d, dxs, w.cols};
   ForRows(
       pool, groups,
       [&](int64_t g0, int64_t g1) {
@@ -95,42 +139,116 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
 
 // ---------------------------------------------------------------- references
 
-void QuantizeActivationsReference(const float* x, int64_t cols, int16_t* q, float* d) {
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-    const float scale = amax / 127.0f;
-    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-    for (int i = 0; i < 32; ++i) {
-      q[b * 32 + i] = static_cast<int16_t>(std::nearbyint(x[b * 32 + i] * inv));
+namespace {
+
+float RoundToHalf(float v) { return HalfToFloat(FloatToHalf(v)); }
+
+// q8_0 / q8_1 of one 32-block.
+void Q8_0Reference(const float* x, bool with_sum, int16_t* q, float* d, float* s) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax / 127.0f;
+  const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+  int sum = 0;
+  for (int i = 0; i < 32; ++i) {
+    q[i] = static_cast<int16_t>(std::nearbyint(x[i] * inv));
+    sum += q[i];
+  }
+  *d = RoundToHalf(scale);
+  *s = with_sum ? RoundToHalf(scale * static_cast<float>(sum)) : 0.0f;
+}
+
+// q8_K of one 256-block; d gets the scale 8 times (once per 32-block).
+void Q8_KReference(const float* x, int16_t* q, float* d) {
+  float amax = 0.0f, vmax = 0.0f;
+  for (int i = 0; i < kQK_K; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      vmax = x[i];
     }
-    d[b] = scale;
+  }
+  const float iscale = amax != 0.0f ? -127.0f / vmax : 0.0f;
+  for (int i = 0; i < kQK_K; ++i) {
+    q[i] = static_cast<int16_t>(std::min(127.0f, std::nearbyint(iscale * x[i])));
+  }
+  for (int j = 0; j < 8; ++j) d[j] = amax != 0.0f ? 1.0f / iscale : 0.0f;
+}
+
+}  // namespace
+
+void QuantizeActivationsReference(GgmlType type, const float* x, int64_t cols, int16_t* q, float* d,
+                                  float* s) {
+  const ActFormat fmt = ActFormatFor(type);
+  if (fmt == ActFormat::kQ8_K) {
+    for (int64_t b = 0; b < cols / kQK_K; ++b) {
+      Q8_KReference(x + b * kQK_K, q + b * kQK_K, d + b * 8);
+    }
+    for (int64_t b = 0; b < cols / 32; ++b) s[b] = 0.0f;
+    return;
+  }
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    Q8_0Reference(x + b * 32, fmt == ActFormat::kQ8_1, q + b * 32, d + b, s + b);
   }
 }
 
 namespace {
 
+// Activations as MatMul sees them (dequantized or f16-rounded), per token.
+struct RefActs {
+  std::vector<double> xs;   // (n_tokens, cols)
+  std::vector<float> d, s;  // (n_tokens, cols/32), Q* types only
+  std::vector<int> sumq;    // (n_tokens, cols/32), Q* types only
+};
+
+RefActs PrepareRefActs(GgmlType type, const float* x, int64_t n_tokens, int64_t cols,
+                       bool quantized_acts) {
+  RefActs a;
+  a.xs.resize(static_cast<size_t>(n_tokens * cols));
+  const ActFormat fmt = quantized_acts ? ActFormatFor(type) : ActFormat::kF32;
+  if (fmt == ActFormat::kF32 || fmt == ActFormat::kF16) {
+    for (size_t i = 0; i < a.xs.size(); ++i) {
+      a.xs[i] = fmt == ActFormat::kF16 ? RoundToHalf(x[i]) : x[i];
+    }
+    return a;
+  }
+  const int64_t nb = cols / 32;
+  a.d.resize(static_cast<size_t>(n_tokens * nb));
+  a.s.resize(a.d.size());
+  a.sumq.assign(a.d.size(), 0);
+  std::vector<int16_t> q(static_cast<size_t>(cols));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* d = a.d.data() + t * nb;
+    QuantizeActivationsReference(type, x + t * cols, cols, q.data(), d, a.s.data() + t * nb);
+    for (int64_t i = 0; i < cols; ++i) {
+      a.xs[t * cols + i] = static_cast<double>(q[i]) * d[i / 32];
+      a.sumq[t * nb + i / 32] += q[i];
+    }
+  }
+  return a;
+}
+
 void ReferenceImpl(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
                    bool quantized_acts) {
   const int64_t row_bytes = RowBytes(w.type, w.cols);
+  const int64_t nb = w.cols / 32;
   std::vector<float> wrow(static_cast<size_t>(w.cols));
-  std::vector<double> xs(static_cast<size_t>(n_tokens * w.cols));
-  if (quantized_acts && MatMulQuantizesActivations(w.type)) {
-    std::vector<int16_t> q(static_cast<size_t>(w.cols));
-    std::vector<float> d(static_cast<size_t>(w.cols / 32));
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      QuantizeActivationsReference(x + t * w.cols, w.cols, q.data(), d.data());
-      for (int64_t i = 0; i < w.cols; ++i)
-        xs[t * w.cols + i] = static_cast<double>(q[i]) * d[i / 32];
-    }
-  } else {
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = x[i];
-  }
+  const RefActs a = PrepareRefActs(w.type, x, n_tokens, w.cols, quantized_acts);
+  const bool q8_1 = quantized_acts && ActFormatFor(w.type) == ActFormat::kQ8_1;
   for (int64_t r = 0; r < w.rows; ++r) {
-    DequantizeRow(w.type, static_cast<const uint8_t*>(w.data) + r * row_bytes, w.cols, wrow.data());
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * row_bytes;
+    DequantizeRow(w.type, row, w.cols, wrow.data());
     for (int64_t t = 0; t < n_tokens; ++t) {
       double sum = 0.0;
-      for (int64_t i = 0; i < w.cols; ++i) sum += wrow[i] * xs[t * w.cols + i];
+      for (int64_t i = 0; i < w.cols; ++i) sum += wrow[i] * a.xs[t * w.cols + i];
+      // q8_1: the offset m of each Q4_1/Q5_1 block (f16 at byte 2) multiplies
+      // the stored s instead of d*sum(q).
+      for (int64_t b = 0; q8_1 && b < nb; ++b) {
+        uint16_t m;
+        std::memcpy(&m, row + b * (row_bytes / nb) + 2, 2);
+        const size_t k = static_cast<size_t>(t * nb + b);
+        sum += static_cast<double>(HalfToFloat(m)) *
+               (static_cast<double>(a.s[k]) - static_cast<double>(a.d[k]) * a.sumq[k]);
+      }
       y[t * w.rows + r] = static_cast<float>(sum);
     }
   }

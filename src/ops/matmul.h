@@ -6,13 +6,21 @@
 // decoded once per tile of tokens and reused across it. Rows are split over
 // the pool (small products run on the calling thread).
 //
-// Numerics:
-// - F32/F16/BF16 weights: float activations, float accumulation.
-// - Q8_0/Q4_0/Q4_K/Q6_K weights: activations are first quantized per 32-element
-//   block to int8 values (d = max|x|/127, q = round-half-even(x/d), d kept as
-//   float, like llama.cpp's q8_0 but without rounding d to f16); each block's
-//   integer dot product is exact and scaled in float. QuantizeActivationsReference
-//   and MatMulReferenceQuantized define these semantics for tests.
+// Numerics follow GGML's CPU backend (llama.cpp's `vec_dot_type`), so that
+// llama.cpp's greedy output is an exact oracle for every weight type:
+// - F32/BF16 weights: float activations, float accumulation.
+// - F16 weights: activations rounded to f16 (round to nearest even), float
+//   accumulation (rounded once into scratch; with no scratch, per row).
+// - Q8_0/Q4_0/Q5_0/IQ4_NL weights: activations as GGML's q8_0 per 32-block
+//   (d = max|x|/127, q = round-half-even(x * 127/max|x|), d rounded to f16).
+// - Q4_1/Q5_1 weights: q8_1, i.e. q8_0 plus s = f16(d * sum(q)) per block,
+//   which stands in for d*sum(q) in the weight offset's term (as in GGML).
+// - K-quants (Q2_K..Q6_K) and IQ4_XS: q8_K per 256-block (d = max/-127 for
+//   the signed value max of largest magnitude: d = 1/(-127/max), q =
+//   min(127, round-half-even(x * -127/max)), d kept as float).
+// Each block's integer dot product is exact and scaled in float.
+// QuantizeActivationsReference and MatMulReferenceQuantized define these
+// semantics for tests.
 //
 // Contract: w.cols must be a multiple of the type's block size (gguf/ validates
 // shapes); x, y must not overlap; scratch must hold MatMulScratchBytes(...)
@@ -36,7 +44,10 @@ struct WeightMatrix {
   int64_t cols = 0;
 };
 
-// True for the types whose kernels quantize activations (the Q* types).
+// GGML's vec_dot_type: the format activations are converted to for a weight type.
+enum class ActFormat { kF32, kF16, kQ8_0, kQ8_1, kQ8_K };
+ActFormat ActFormatFor(GgmlType type);
+// True for the types whose kernels quantize activations (the Q*/IQ* types).
 bool MatMulQuantizesActivations(GgmlType type);
 // Scratch bytes for MatMul with this weight type, token count and row length.
 size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols);
@@ -51,12 +62,16 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
 // against the float activations.
 void MatMulReference(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y);
 
-// The activation quantization MatMul uses for Q* types, for one row of `cols`
-// (a multiple of 32): q (cols) int8 values as int16, d (cols/32) block scales.
-void QuantizeActivationsReference(const float* x, int64_t cols, int16_t* q, float* d);
+// The activation quantization MatMul uses for the Q* types (ActFormatFor(type)
+// in kQ8_0, kQ8_1, kQ8_K), for one row of `cols` (a multiple of the format's
+// block): q (cols) int8 values as int16; d (cols/32) per-32 scales as used in
+// the dot products (for q8_K, each 256-block's scale repeated 8 times); s
+// (cols/32) the q8_1 block sums f16(d*sum(q)) (0 for the other formats).
+void QuantizeActivationsReference(GgmlType type, const float* x, int64_t cols, int16_t* q, float* d,
+                                  float* s);
 
-// Like MatMulReference but against the dequantized activations q*d that
-// MatMul uses for Q* types (equals MatMulReference for float types).
+// Like MatMulReference but with the activations MatMul uses: q*d for the Q*
+// types (and q8_1's s in the offset term), f16-rounded for F16 weights.
 void MatMulReferenceQuantized(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y);
 
 }  // namespace meshnet::ops

@@ -19,10 +19,12 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Must come after foreach_target.h.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "hwy/highway.h"
 #include "ops/half_inline.h"
+#include "ops/matmul_formats-inl.h"
 #include "ops/matmul_kernels.h"
 #include "ops/quantize.h"
 
@@ -31,165 +33,93 @@ namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// One int16 vector holds up to a whole 32-block (AVX-512); narrower targets
-// take 32 / kN16 chunks per block, each inside one Q6_K scale / Q4 nibble half.
-using D16 = hn::CappedTag<int16_t, 32>;
-using D32 = hn::Repartition<int32_t, D16>;
-using DF32 = hn::Repartition<float, D16>;  // float lanes matching D32
-using V16 = hn::Vec<D16>;
-constexpr size_t kN16 = hn::MaxLanes(D16());
-
-HWY_INLINE uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
-// f16 scale at p. AVX2 and later have F16C (one instruction, exact).
-HWY_INLINE float LoadF16(const uint8_t* p) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-  return _cvtsh_ss(LoadU16(p));
-#else
-  return HalfToFloatFast(LoadU16(p));
-#endif
-}
-
 // ---------------------------------------------------------------- activations
 
-void QuantizeActsImpl(const float* x, int64_t cols, int64_t t_begin, int64_t t_end, int16_t* q,
-                      float* d, float* dxs) {
+HWY_INLINE float RoundToHalf(float v) { return HalfToFloat(FloatToHalf(v)); }
+
+// q8_0 (q8_1: with GGML's f16 s = d*sum(q)) per 32-block.
+void QuantizeQ8_0Acts(const float* x, int64_t t_begin, int64_t t_end, bool q8_1,
+                      const QuantActs& a) {
   const hn::CappedTag<float, 32> df;
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<int16_t, decltype(df)> dq;
   const size_t n = hn::Lanes(df);
-  const int64_t nb = cols / 32;
+  const int64_t cols = a.cols, nb = cols / 32;
   for (int64_t t = t_begin; t < t_end; ++t) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + t * cols + b * 32;
-      int16_t* qb = q + t * cols + b * 32;
+      int16_t* qb = a.q + t * cols + b * 32;
       auto vmax = hn::Zero(df);
       for (size_t i = 0; i < 32; i += n) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + i)));
       const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
       const float scale = amax / 127.0f;
-      const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-      const auto vinv = hn::Set(df, inv);
+      const auto vinv = hn::Set(df, amax != 0.0f ? 127.0f / amax : 0.0f);
       auto vsum = hn::Zero(di);
       for (size_t i = 0; i < 32; i += n) {
         const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vinv));
         vsum = hn::Add(vsum, qi);
         hn::StoreU(hn::DemoteTo(dq, qi), dq, qb + i);
       }
-      const int32_t sum = hn::GetLane(hn::SumOfLanes(di, vsum));
-      d[t * nb + b] = scale;
-      dxs[t * nb + b] = scale * static_cast<float>(sum);
+      const auto sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, vsum)));
+      a.d[t * nb + b] = RoundToHalf(scale);
+      a.dxs[t * nb + b] = q8_1 ? RoundToHalf(scale * sum) : a.d[t * nb + b] * sum;
     }
   }
 }
 
-// ---------------------------------------------------------------- formats
-// Each format: kSuper elements per super-block of kBytes, kSub 32-blocks in it;
-// Header(p) reads per-32-block float scale and offset; Code(p, h, j, e) returns
-// the int16 codes of elements [e, e + Lanes(D16)) of 32-block j.
-
-struct SubScales {
-  HWY_ALIGN float scale[8];
-  HWY_ALIGN float off[8];
-};
-using D8F = hn::CappedTag<float, 8>;  // one lane per 32-block of a K super-block
-
-struct Q8_0Fmt {
-  static constexpr int kSuper = 32, kBytes = 34, kSub = 1;
-  static constexpr bool kHasOff = false;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) { h->scale[0] = LoadF16(p); }
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
-    return hn::PromoteTo(
-        d, hn::LoadU(hn::Rebind<int8_t, D>(), reinterpret_cast<const int8_t*>(p + 2) + e));
-  }
-};
-
-struct Q4_0Fmt {  // codes are nibble - 8, so no offset term
-  static constexpr int kSuper = 32, kBytes = 18, kSub = 1;
-  static constexpr bool kHasOff = false;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) { h->scale[0] = LoadF16(p); }
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
-#if HWY_TARGET != HWY_SCALAR  // (no Combine there; kN16 is 1)
-    if constexpr (kN16 == 32) {
-      const hn::Half<D> dh;
-      const auto bytes = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, hn::Half<D>>(), p + 2));
-      const auto codes = hn::Combine(d, hn::ShiftRight<4>(bytes), hn::And(bytes, hn::Set(dh, 0xF)));
-      return hn::Sub(codes, hn::Set(d, 8));
-    }
-#endif
-    {
-      const auto bytes =
-          hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 2 + (e < 16 ? e : e - 16)));
-      const auto codes = e < 16 ? hn::And(bytes, hn::Set(d, 0xF)) : hn::ShiftRight<4>(bytes);
-      return hn::Sub(codes, hn::Set(d, 8));
-    }
-  }
-};
-
-struct Q4_KFmt {
-  static constexpr int kSuper = 256, kBytes = 144, kSub = 8;
-  static constexpr bool kHasOff = true;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    const float d = LoadF16(p);
-    const float dmin = LoadF16(p + 2);
-    // The 12 packed bytes as three words: bytes 0-3 hold scales 0-3 (low 6
-    // bits) and the top 2 bits of scales 4-7; bytes 4-7 the same for mins;
-    // bytes 8-11 the low nibbles of scales 4-7 and mins 4-7 (cf. Q4KScaleMin).
-    uint32_t u[3];
-    std::memcpy(u, p + 4, 12);
-    const uint32_t packed[4] = {
-        u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4),
-        u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
-    const auto* sc_m = reinterpret_cast<const uint8_t*>(packed);  // 8 scales, then 8 mins
-    const D8F d8;
-    const hn::Rebind<int32_t, D8F> di;
-    const hn::Rebind<uint8_t, D8F> du8;
-    for (size_t j = 0; j < 8; j += hn::Lanes(d8)) {
-      const auto sc = hn::ConvertTo(d8, hn::PromoteTo(di, hn::LoadU(du8, sc_m + j)));
-      const auto m = hn::ConvertTo(d8, hn::PromoteTo(di, hn::LoadU(du8, sc_m + 8 + j)));
-      hn::Store(hn::Mul(hn::Set(d8, d), sc), d8, h->scale + j);
-      hn::Store(hn::Mul(hn::Set(d8, dmin), m), d8, h->off + j);
+// q8_K per 256-block, with per-32 and per-16 d*sum(q).
+void QuantizeQ8_KActs(const float* x, int64_t t_begin, int64_t t_end, const QuantActs& a) {
+  const hn::CappedTag<float, 16> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int16_t, decltype(df)> dq;
+  const size_t n = hn::Lanes(df);
+  const int64_t cols = a.cols, nb = cols / 32;
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    for (int64_t s = 0; s < cols / kQK_K; ++s) {
+      const float* xb = x + t * cols + s * kQK_K;
+      int16_t* qb = a.q + t * cols + s * kQK_K;
+      auto vmax = hn::Zero(df);
+      for (size_t i = 0; i < kQK_K; i += n) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + i)));
+      const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      float signed_max = 0.0f;  // the first element of largest magnitude, as GGML picks it
+      for (int i = 0; i < kQK_K && amax != 0.0f; ++i) {
+        if (std::fabs(xb[i]) == amax) {
+          signed_max = xb[i];
+          break;
+        }
+      }
+      const float iscale = amax != 0.0f ? -127.0f / signed_max : 0.0f;
+      const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+      const auto vis = hn::Set(df, iscale);
+      for (int k = 0; k < 16; ++k) {
+        auto vsum = hn::Zero(di);
+        for (size_t i = 16 * k; i < 16 * static_cast<size_t>(k + 1); i += n) {
+          const auto qi =
+              hn::Min(hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vis)), hn::Set(di, 127));
+          vsum = hn::Add(vsum, qi);
+          hn::StoreU(hn::DemoteTo(dq, qi), dq, qb + i);
+        }
+        const auto sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, vsum)));
+        a.dxs16[t * (cols / 16) + s * 16 + k] = d * sum;
+      }
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = t * nb + s * 8 + j;
+        const float* s16 = a.dxs16 + t * (cols / 16) + s * 16 + 2 * j;
+        a.d[b] = d;
+        a.dxs[b] = s16[0] + s16[1];
+      }
     }
   }
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int j, size_t e) {
-    const auto bytes =
-        hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 16 + 32 * (j / 2) + e));
-    return (j % 2 == 0) ? hn::And(bytes, hn::Set(d, 0xF)) : hn::ShiftRight<4>(bytes);
-  }
-};
+}
 
-struct Q6_KFmt {
-  static constexpr int kSuper = 256, kBytes = 210, kSub = 8;
-  static constexpr bool kHasOff = false;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    const float d = LoadF16(p + 208);
-    for (int j = 0; j < 8; ++j) h->scale[j] = d;
+void QuantizeActsImpl(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_end,
+                      const QuantActs& a) {
+  if (fmt == ActFormat::kQ8_K) {
+    QuantizeQ8_KActs(x, t_begin, t_end, a);
+  } else {
+    QuantizeQ8_0Acts(x, t_begin, t_end, fmt == ActFormat::kQ8_1, a);
   }
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int j, size_t e) {
-    const int half = j / 4, quarter = j % 4;
-    const auto ql = hn::PromoteTo(
-        d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 64 * half + 32 * (quarter & 1) + e));
-    const auto qh = hn::PromoteTo(d, hn::LoadU(hn::Rebind<uint8_t, D>(), p + 128 + 32 * half + e));
-    const auto lo = quarter < 2 ? hn::And(ql, hn::Set(d, 0xF)) : hn::ShiftRight<4>(ql);
-    const auto hi = hn::And(hn::ShiftRightSame(qh, 2 * quarter), hn::Set(d, 3));
-    const auto code = hn::Sub(hn::Or(lo, hn::ShiftLeft<4>(hi)), hn::Set(d, 32));
-    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192 + 8 * half + 2 * quarter);
-#if HWY_TARGET != HWY_SCALAR
-    if constexpr (kN16 == 32) {  // lanes [0, 16) and [16, 32) have their own scale
-      const hn::Half<D> dh;
-      return hn::Mul(code, hn::Combine(d, hn::Set(dh, sc[1]), hn::Set(dh, sc[0])));
-    }
-#endif
-    { return hn::Mul(code, hn::Set(d, sc[e / 16])); }
-  }
-};
+}
 
 // ---------------------------------------------------------------- quant tiles
 
@@ -212,10 +142,12 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
   const int16_t* xq[T];
   const float* xd[T];
   const float* xs[T];
+  const float* xs16[T];
   for (int t = 0; t < T; ++t) {
     xq[t] = a.q + (t0 + t) * a.cols;
     xd[t] = a.d + (t0 + t) * nb;
     xs[t] = a.dxs + (t0 + t) * nb;
+    xs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
   }
   hn::Vec<DF32> acc[kAcc][R][T];
   float corr[R][T];
@@ -249,6 +181,14 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
                     hn::MulAdd(hn::Load(d8, h[r].off + j), hn::LoadU(d8, xs[t] + b), corr8[r][t]);
               }
             }
+        if constexpr (HasOff16<Fmt>()) {
+          for (int r = 0; r < R; ++r)
+            for (int t = 0; t < T; ++t)
+              for (size_t k = 0; k < 16; k += hn::Lanes(d8)) {
+                corr8[r][t] = hn::MulAdd(hn::Load(d8, h[r].off16 + k),
+                                         hn::LoadU(d8, xs16[t] + s * 16 + k), corr8[r][t]);
+              }
+        }
       } else {
         for (int r = 0; r < R; ++r)
           for (int t = 0; t < T; ++t) {
@@ -333,6 +273,22 @@ void MatMulQuantRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, 
       return QuantRows<Q4_KFmt>(w, r_begin, r_end, a, n_tokens, y);
     case GgmlType::kQ6_K:
       return QuantRows<Q6_KFmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ4_1:
+      return QuantRows<Q4_1Fmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ5_0:
+      return QuantRows<Q5_0Fmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ5_1:
+      return QuantRows<Q5_1Fmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kIQ4_NL:
+      return QuantRows<IQ4_NLFmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ2_K:
+      return QuantRows<Q2_KFmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ3_K:
+      return QuantRows<Q3_KFmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kQ5_K:
+      return QuantRows<Q5_KFmt>(w, r_begin, r_end, a, n_tokens, y);
+    case GgmlType::kIQ4_XS:
+      return QuantRows<IQ4_XSFmt>(w, r_begin, r_end, a, n_tokens, y);
     default:
       return;  // float types take MatMulFloatRows
   }
@@ -361,7 +317,39 @@ HWY_INLINE float ScalarWeight(const hwy::bfloat16_t* p) {
   return Bf16ToFloat(bits);
 }
 
-template <class WT, int R, int T>
+// F16 weights take f16-rounded activations (GGML converts them to its
+// vec_dot_type F16): round to nearest even at 10 fraction bits for normal
+// halves, to a multiple of 2^-24 (by adding and removing 0.75, whose ulp that
+// is) below 2^-14. Exact for |x| < 65520, beyond which a half would be inf.
+// x86 targets with F16C convert in hardware (two instructions instead of eight).
+HWY_INLINE hn::Vec<DF> RoundToF16(DF df, hn::Vec<DF> v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2  // F16C: vcvtps2ph rounds to nearest even
+  return hn::PromoteTo(df, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
+#else
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<13>(bits), hn::Set(du, 1));
+  const auto rounded =
+      hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0xFFF), lsb)), hn::Set(du, 0xFFFFE000u));
+  const auto c = hn::Set(df, 0.75f);
+  const auto tiny = hn::Sub(hn::Add(v, c), c);
+  return hn::IfThenElse(hn::Lt(hn::Abs(v), hn::Set(df, 0x1p-14f)), tiny, hn::BitCast(df, rounded));
+#endif
+}
+// kRound: the activations still need rounding to f16 (F16 weights without
+// scratch for pre-rounded activations).
+template <bool kRound>
+HWY_INLINE hn::Vec<DF> LoadActs(DF df, const float* p) {
+  if constexpr (kRound) return RoundToF16(df, hn::LoadU(df, p));
+  return hn::LoadU(df, p);
+}
+template <bool kRound>
+HWY_INLINE float ScalarAct(float v) {
+  if constexpr (kRound) return HalfToFloat(FloatToHalf(v));
+  return v;
+}
+
+template <class WT, bool kRound, int R, int T>
 HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const float* x, float* y) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
@@ -385,24 +373,27 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
     if (addr % sizeof(WT) == 0 && head > 0 && head + n <= cols) {
       const auto m = hn::FirstN(df, static_cast<size_t>(head));
       acc[0][0] = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0])),
-                             hn::IfThenElseZero(m, hn::LoadU(df, xs[0])), acc[0][0]);
+                             hn::IfThenElseZero(m, LoadActs<kRound>(df, xs[0])), acc[0][0]);
       i = head;
     }
     auto a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (; i + 4 * n <= cols; i += 4 * n) {
-      acc[0][0] = hn::MulAdd(LoadWeights(df, rows[0] + i), hn::LoadU(df, xs[0] + i), acc[0][0]);
-      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), hn::LoadU(df, xs[0] + i + n), a1);
-      a2 = hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), hn::LoadU(df, xs[0] + i + 2 * n), a2);
-      a3 = hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), hn::LoadU(df, xs[0] + i + 3 * n), a3);
+      acc[0][0] =
+          hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<kRound>(df, xs[0] + i), acc[0][0]);
+      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), LoadActs<kRound>(df, xs[0] + i + n), a1);
+      a2 = hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), LoadActs<kRound>(df, xs[0] + i + 2 * n),
+                      a2);
+      a3 = hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), LoadActs<kRound>(df, xs[0] + i + 3 * n),
+                      a3);
     }
     for (; i + n <= cols; i += n) {
-      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i), hn::LoadU(df, xs[0] + i), a1);
+      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<kRound>(df, xs[0] + i), a1);
     }
     if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
       const int64_t last = cols - n;
       const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - last)));
       a2 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0] + last)),
-                      hn::IfThenElseZero(m, hn::LoadU(df, xs[0] + last)), a2);
+                      hn::IfThenElseZero(m, LoadActs<kRound>(df, xs[0] + last)), a2);
       i = cols;
     }
     acc[0][0] = hn::Add(hn::Add(acc[0][0], a1), hn::Add(a2, a3));
@@ -411,54 +402,64 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
     hn::Vec<DF> wv[R];
     for (int r = 0; r < R; ++r) wv[r] = LoadWeights(df, rows[r] + i);
     for (int t = 0; t < T; ++t) {
-      const auto xv = hn::LoadU(df, xs[t] + i);
+      const auto xv = LoadActs<kRound>(df, xs[t] + i);
       for (int r = 0; r < R; ++r) acc[r][t] = hn::MulAdd(wv[r], xv, acc[r][t]);
     }
   }
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
       float sum = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
-      for (int64_t k = i; k < cols; ++k) sum += ScalarWeight(rows[r] + k) * xs[t][k];
+      for (int64_t k = i; k < cols; ++k)
+        sum += ScalarWeight(rows[r] + k) * ScalarAct<kRound>(xs[t][k]);
       y[(t0 + t) * w.rows + r0 + r] = sum;
     }
   }
 }
 
-template <class WT, int R, int T>
+template <class WT, bool kRound, int R, int T>
 HWY_INLINE void FloatTokens(const WeightMatrix& w, int64_t r0, const float* x, int64_t n_tokens,
                             float* y) {
   int64_t t = 0;
-  for (; t + T <= n_tokens; t += T) FloatTile<WT, R, T>(w, r0, t, x, y);
-  for (; t < n_tokens; ++t) FloatTile<WT, R, 1>(w, r0, t, x, y);
+  for (; t + T <= n_tokens; t += T) FloatTile<WT, kRound, R, T>(w, r0, t, x, y);
+  for (; t < n_tokens; ++t) FloatTile<WT, kRound, R, 1>(w, r0, t, x, y);
 }
 
-template <class WT>
+template <class WT, bool kRound>
 void FloatRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
                int64_t n_tokens, float* y) {
   int64_t r = r_begin;
   if (n_tokens == 1) {
-    for (; r < r_end; ++r) FloatTile<WT, 1, 1>(w, r, 0, x, y);
+    for (; r < r_end; ++r) FloatTile<WT, kRound, 1, 1>(w, r, 0, x, y);
   } else {
     if constexpr (kWideRegs) {
-      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, 4, 4>(w, r, x, n_tokens, y);
+      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, kRound, 4, 4>(w, r, x, n_tokens, y);
     }
-    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, 2, 4>(w, r, x, n_tokens, y);
+    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, kRound, 2, 4>(w, r, x, n_tokens, y);
   }
-  for (; r < r_end; ++r) FloatTokens<WT, 1, 4>(w, r, x, n_tokens, y);
+  for (; r < r_end; ++r) FloatTokens<WT, kRound, 1, 4>(w, r, x, n_tokens, y);
 }
 
 void MatMulFloatRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
-                         int64_t n_tokens, float* y) {
+                         int64_t n_tokens, float* y, bool round_acts) {
   switch (w.type) {
     case GgmlType::kF32:
-      return FloatRows<float>(w, r_begin, r_end, x, n_tokens, y);
+      return FloatRows<float, false>(w, r_begin, r_end, x, n_tokens, y);
     case GgmlType::kF16:
-      return FloatRows<hwy::float16_t>(w, r_begin, r_end, x, n_tokens, y);
+      if (round_acts) return FloatRows<hwy::float16_t, true>(w, r_begin, r_end, x, n_tokens, y);
+      return FloatRows<hwy::float16_t, false>(w, r_begin, r_end, x, n_tokens, y);
     case GgmlType::kBF16:
-      return FloatRows<hwy::bfloat16_t>(w, r_begin, r_end, x, n_tokens, y);
+      return FloatRows<hwy::bfloat16_t, false>(w, r_begin, r_end, x, n_tokens, y);
     default:
       return;  // quantized types take MatMulQuantRows
   }
+}
+
+void RoundToF16Impl(const float* x, int64_t n, float* out) {
+  const DF df;
+  const auto l = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + l <= n; i += l) hn::StoreU(RoundToF16(df, hn::LoadU(df, x + i)), df, out + i);
+  for (; i < n; ++i) out[i] = HalfToFloat(FloatToHalf(x[i]));
 }
 
 }  // namespace HWY_NAMESPACE
@@ -471,18 +472,22 @@ namespace meshnet::ops::internal {
 HWY_EXPORT(QuantizeActsImpl);
 HWY_EXPORT(MatMulQuantRowsImpl);
 HWY_EXPORT(MatMulFloatRowsImpl);
+HWY_EXPORT(RoundToF16Impl);
 
-void QuantizeActs(const float* x, int64_t cols, int64_t t_begin, int64_t t_end, int16_t* q,
-                  float* d, float* dxs) {
-  HWY_DYNAMIC_DISPATCH(QuantizeActsImpl)(x, cols, t_begin, t_end, q, d, dxs);
+void QuantizeActs(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_end,
+                  const QuantActs& a) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActsImpl)(fmt, x, t_begin, t_end, a);
 }
 void MatMulQuantRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
                      const QuantActs& acts, int64_t n_tokens, float* y) {
   HWY_DYNAMIC_DISPATCH(MatMulQuantRowsImpl)(w, row_begin, row_end, acts, n_tokens, y);
 }
 void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                     int64_t n_tokens, float* y) {
-  HWY_DYNAMIC_DISPATCH(MatMulFloatRowsImpl)(w, row_begin, row_end, x, n_tokens, y);
+                     int64_t n_tokens, float* y, bool round_acts) {
+  HWY_DYNAMIC_DISPATCH(MatMulFloatRowsImpl)(w, row_begin, row_end, x, n_tokens, y, round_acts);
+}
+void RoundToF16(const float* x, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(RoundToF16Impl)(x, n, out);
 }
 
 }  // namespace meshnet::ops::internal

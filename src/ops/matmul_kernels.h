@@ -11,22 +11,30 @@
 namespace meshnet::ops::internal {
 
 // Activations quantized per 32-block (see matmul.h). Token t's values are
-// q[t*cols ...], its block scales d[t*(cols/32) ...] and dxs = d * sum(q) per block.
+// q[t*cols ...], its per-32-block scales d[t*(cols/32) ...] (q8_K: the
+// 256-block's scale repeated), dxs[t*(cols/32) ...] the per-32-block
+// d*sum(q) (q8_1: GGML's f16 s) and dxs16[t*(cols/16) ...] the per-16-block
+// d*sum(q) (q8_K only; Q2_K's mins).
 struct QuantActs {
-  const int16_t* q = nullptr;
-  const float* d = nullptr;
-  const float* dxs = nullptr;
+  int16_t* q = nullptr;
+  float* d = nullptr;
+  float* dxs = nullptr;
+  float* dxs16 = nullptr;
   int64_t cols = 0;
 };
 
-// Quantizes tokens [t_begin, t_end) of x (n, cols) into the QuantActs arrays.
-void QuantizeActs(const float* x, int64_t cols, int64_t t_begin, int64_t t_end, int16_t* q,
-                  float* d, float* dxs);
+// Quantizes tokens [t_begin, t_end) of x (n, a.cols) into a's arrays in `fmt`
+// (kQ8_0, kQ8_1 or kQ8_K).
+void QuantizeActs(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_end,
+                  const QuantActs& a);
 
 // y[t * w.rows + r] for r in [row_begin, row_end), t in [0, n_tokens).
 void MatMulQuantRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
                      const QuantActs& acts, int64_t n_tokens, float* y);
+// round_acts: F16 weights whose activations x are not yet rounded to f16.
 void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                     int64_t n_tokens, float* y);
+                     int64_t n_tokens, float* y, bool round_acts);
+// out[i] = x[i] rounded to f16 (nearest even), as float.
+void RoundToF16(const float* x, int64_t n, float* out);
 
 }  // namespace meshnet::ops::internal

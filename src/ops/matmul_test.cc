@@ -9,6 +9,7 @@
 
 #include "ops/hwy_test_util.h"
 #include "ops/quantize.h"
+#include "util/dtype.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::ops {
@@ -68,21 +69,34 @@ void CheckType(GgmlType type, const std::vector<Shape>& shapes) {
     MatMulReferenceQuantized(wt.w, x.data(), s.n_tokens, ref_q.data());
     MatMulReference(wt.w, x.data(), s.n_tokens, ref_f.data());
 
-    // Per-output bounds: rounding (relative to sum |w x|) and, for quantized
-    // activations, sum |w| * d/2 over each activation block.
+    // Per-output bounds: rounding (relative to sum |w x|) and the activations'
+    // own rounding: sum |w| * d/2 over each activation block, q8_1's f16 s in
+    // the offset term, f16 activations for F16 weights.
     std::vector<double> mag(ref_q.size()), act_err(ref_q.size(), 0.0);
     std::vector<int16_t> q(static_cast<size_t>(s.cols));
-    std::vector<float> d(static_cast<size_t>(s.cols / 32 + 1));
+    std::vector<float> d(static_cast<size_t>(s.cols / 32 + 1)), sb(d.size());
+    const bool quant = MatMulQuantizesActivations(type);
+    const int64_t rb = RowBytes(type, s.cols);
     for (int64_t t = 0; t < s.n_tokens; ++t) {
       const float* xt = x.data() + t * s.cols;
-      const bool quant = MatMulQuantizesActivations(type);
-      if (quant) QuantizeActivationsReference(xt, s.cols, q.data(), d.data());
+      if (quant) QuantizeActivationsReference(type, xt, s.cols, q.data(), d.data(), sb.data());
       for (int64_t r = 0; r < s.rows; ++r) {
         double m = 0, e = 0;
         for (int64_t i = 0; i < s.cols; ++i) {
           const double wv = wt.dequant[r * s.cols + i];
           m += std::fabs(wv * xt[i]);
-          if (quant) e += std::fabs(wv) * d[i / 32] * 0.5;
+          if (quant) e += std::fabs(wv * d[i / 32]) * 0.5;  // q8_K: d < 0 when max < 0
+          if (type == GgmlType::kF16)
+            e += std::fabs(wv * (xt[i] - HalfToFloat(FloatToHalf(xt[i]))));
+        }
+        if (ActFormatFor(type) == ActFormat::kQ8_1) {
+          for (int64_t b = 0; b < s.cols / 32; ++b) {
+            int sum = 0;
+            for (int i = 0; i < 32; ++i) sum += q[b * 32 + i];
+            uint16_t mbits;
+            std::memcpy(&mbits, wt.bytes.data() + r * rb + b * (rb / (s.cols / 32)) + 2, 2);
+            e += std::fabs(HalfToFloat(mbits)) * std::fabs(sb[b] - d[b] * sum);
+          }
         }
         mag[t * s.rows + r] = m;
         act_err[t * s.rows + r] = e;
@@ -176,6 +190,55 @@ TEST(MatMul, Q6_KMatchesReference) {
   });
 }
 
+TEST(MatMul, Q4_1MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ4_1,
+              {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {9, 32, 9}, {70, 256, 2}, {257, 512, 1}});
+  });
+}
+TEST(MatMul, Q5_0MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ5_0,
+              {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {9, 32, 9}, {70, 256, 2}, {257, 512, 1}});
+  });
+}
+TEST(MatMul, Q5_1MatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ5_1,
+              {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {9, 32, 9}, {70, 256, 2}, {257, 512, 1}});
+  });
+}
+TEST(MatMul, IQ4_NLMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kIQ4_NL,
+              {{1, 32, 1}, {5, 96, 1}, {13, 64, 3}, {9, 32, 9}, {70, 256, 2}, {257, 512, 1}});
+  });
+}
+TEST(MatMul, Q2_KMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ2_K,
+              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {9, 256, 9}, {70, 256, 2}, {257, 768, 1}});
+  });
+}
+TEST(MatMul, Q3_KMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ3_K,
+              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {9, 256, 9}, {70, 256, 2}, {257, 768, 1}});
+  });
+}
+TEST(MatMul, Q5_KMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kQ5_K,
+              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {9, 256, 9}, {70, 256, 2}, {257, 768, 1}});
+  });
+}
+TEST(MatMul, IQ4_XSMatchesReference) {
+  ForEachSimdTarget([] {
+    CheckType(GgmlType::kIQ4_XS,
+              {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {9, 256, 9}, {70, 256, 2}, {257, 768, 1}});
+  });
+}
+
 TEST(MatMul, FloatWeightsAtEveryAlignment) {
   // The decode kernel aligns the weight stream with a masked head and tail;
   // place the matrix at every element offset within 64 bytes.
@@ -186,7 +249,7 @@ TEST(MatMul, FloatWeightsAtEveryAlignment) {
         Weights wt = MakeWeights(type, 3, cols, 21);
         const std::vector<float> x = RandomActs(1, cols, 22);
         std::vector<float> want(3);
-        MatMulReference(wt.w, x.data(), 1, want.data());
+        MatMulReferenceQuantized(wt.w, x.data(), 1, want.data());  // F16: f16 activations
         for (int64_t off = 0; off < 64; off += elem) {
           std::vector<uint8_t> buf(wt.bytes.size() + 64 + 64);
           uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) + off;
@@ -212,18 +275,50 @@ TEST(MatMul, ActivationQuantizationIsRoundHalfEvenPer32Block) {
   x[1] = 2.5f;
   x[2] = -3.5f;
   x[3] = 0.49f;
-  x[40] = -0.5f;  // block 1: d = 0.5/127
+  x[40] = -0.5f;  // block 1: d = 0.5/127, rounded to f16 as GGML's q8_0 stores it
   std::vector<int16_t> q(64);
-  float d[2];
-  QuantizeActivationsReference(x.data(), 64, q.data(), d);
+  float d[2], s[2];
+  QuantizeActivationsReference(GgmlType::kQ8_0, x.data(), 64, q.data(), d, s);
   EXPECT_EQ(d[0], 1.0f);
   EXPECT_EQ(q[0], 127);
   EXPECT_EQ(q[1], 2);
   EXPECT_EQ(q[2], -4);
   EXPECT_EQ(q[3], 0);
-  EXPECT_FLOAT_EQ(d[1], 0.5f / 127.0f);
+  EXPECT_EQ(d[1], HalfToFloat(FloatToHalf(0.5f / 127.0f)));
+  EXPECT_NE(d[1], 0.5f / 127.0f);
   EXPECT_EQ(q[40], -127);
   EXPECT_EQ(q[33], 0);
+  EXPECT_EQ(s[0], 0.0f);
+  // q8_1 (Q4_1/Q5_1 weights): s = f16(d * sum(q)) with the unrounded d.
+  QuantizeActivationsReference(GgmlType::kQ5_1, x.data(), 64, q.data(), d, s);
+  EXPECT_EQ(s[0], HalfToFloat(FloatToHalf(1.0f * (127 + 2 - 4))));
+  EXPECT_EQ(s[1], HalfToFloat(FloatToHalf(0.5f / 127.0f * -127.0f)));
+}
+
+TEST(MatMul, Q8KActivationsScaleByTheSignedMaxOf256) {
+  std::vector<float> x(256, 0.0f);
+  x[3] = -127.0f;  // the first element of largest magnitude: iscale = -127/-127 = 1
+  x[200] = 127.0f;
+  x[7] = 0.5f;  // ties round to even
+  x[9] = 1.5f;
+  x[10] = -2.5f;
+  std::vector<int16_t> q(256);
+  float d[8], s[8];
+  QuantizeActivationsReference(GgmlType::kQ4_K, x.data(), 256, q.data(), d, s);
+  for (float v : d) EXPECT_EQ(v, 1.0f);
+  EXPECT_EQ(q[3], -127);
+  EXPECT_EQ(q[200], 127);
+  EXPECT_EQ(q[7], 0);
+  EXPECT_EQ(q[9], 2);
+  EXPECT_EQ(q[10], -2);
+  // The sign of d follows the first extreme.
+  x[3] = 127.0f;
+  x[200] = -127.0f;
+  QuantizeActivationsReference(GgmlType::kIQ4_XS, x.data(), 256, q.data(), d, s);
+  EXPECT_EQ(d[0], -1.0f);
+  EXPECT_EQ(q[3], -127);
+  EXPECT_EQ(q[200], 127);
+  EXPECT_EQ(q[9], -2);
 }
 
 TEST(MatMul, ZeroTokensOrRowsIsANoOp) {

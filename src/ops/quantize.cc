@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/quantize_internal.h"
 #include "util/dtype.h"
 
 namespace meshnet::ops {
@@ -341,6 +342,22 @@ void QuantizeRow(GgmlType type, const float* src, int64_t n, void* dst) {
     case GgmlType::kQ6_K:
       QuantizeQ6_K(src, n, static_cast<BlockQ6_K*>(dst));
       return;
+    case GgmlType::kQ4_1:
+      return internal::QuantizeQ4_1(src, n, static_cast<BlockQ4_1*>(dst));
+    case GgmlType::kQ5_0:
+      return internal::QuantizeQ5_0(src, n, static_cast<BlockQ5_0*>(dst));
+    case GgmlType::kQ5_1:
+      return internal::QuantizeQ5_1(src, n, static_cast<BlockQ5_1*>(dst));
+    case GgmlType::kIQ4_NL:
+      return internal::QuantizeIQ4_NL(src, n, static_cast<BlockIQ4_NL*>(dst));
+    case GgmlType::kQ2_K:
+      return internal::QuantizeQ2_K(src, n, static_cast<BlockQ2_K*>(dst));
+    case GgmlType::kQ3_K:
+      return internal::QuantizeQ3_K(src, n, static_cast<BlockQ3_K*>(dst));
+    case GgmlType::kQ5_K:
+      return internal::QuantizeQ5_K(src, n, static_cast<BlockQ5_K*>(dst));
+    case GgmlType::kIQ4_XS:
+      return internal::QuantizeIQ4_XS(src, n, static_cast<BlockIQ4_XS*>(dst));
   }
 }
 
@@ -371,6 +388,22 @@ void DequantizeRow(GgmlType type, const void* src, int64_t n, float* dst) {
     case GgmlType::kQ6_K:
       DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), n, dst);
       return;
+    case GgmlType::kQ4_1:
+      return internal::DequantizeQ4_1(static_cast<const BlockQ4_1*>(src), n, dst);
+    case GgmlType::kQ5_0:
+      return internal::DequantizeQ5_0(static_cast<const BlockQ5_0*>(src), n, dst);
+    case GgmlType::kQ5_1:
+      return internal::DequantizeQ5_1(static_cast<const BlockQ5_1*>(src), n, dst);
+    case GgmlType::kIQ4_NL:
+      return internal::DequantizeIQ4_NL(static_cast<const BlockIQ4_NL*>(src), n, dst);
+    case GgmlType::kQ2_K:
+      return internal::DequantizeQ2_K(static_cast<const BlockQ2_K*>(src), n, dst);
+    case GgmlType::kQ3_K:
+      return internal::DequantizeQ3_K(static_cast<const BlockQ3_K*>(src), n, dst);
+    case GgmlType::kQ5_K:
+      return internal::DequantizeQ5_K(static_cast<const BlockQ5_K*>(src), n, dst);
+    case GgmlType::kIQ4_XS:
+      return internal::DequantizeIQ4_XS(static_cast<const BlockIQ4_XS*>(src), n, dst);
   }
 }
 
