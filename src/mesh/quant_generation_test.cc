@@ -15,10 +15,14 @@
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/layer_range.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::mesh {
 namespace {
+
+using node::EvenSplit;
+using node::LayerRange;
 
 const std::string kDataDir = std::string(MESHNET_SOURCE_DIR) + "/tests/data/quant/";
 const std::string kPrompt = "Once upon a time";
