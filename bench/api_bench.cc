@@ -1,18 +1,25 @@
-// meshnet api vs the generation loop it wraps, on the shipped model's
-// in-process route (3 shards):
-//   BM_ApiVsGenerate: one client; each iteration runs the same greedy
+// meshnet api vs the generation loop it wraps, each on an in-process route
+// of 3 shards, on two models:
+//   tiny: the shipped stories260K (~0.35 ms of compute per token), which
+//     shows the API's fixed per-token overhead;
+//   real: a generated model of real shape (768-dim, 12 layers, Q8_0, the
+//     shipped tokenizer; what `meshnet make-model` writes), written to a
+//     temporary directory on first use and removed at exit.
+//   BM_ApiVsGenerate/<model>: one client; each iteration runs the same greedy
 //     generation once through mesh::Generate (what `meshnet generate` runs)
 //     and once as a streamed /v1/completions request; reports both tokens/s
 //     and api_over_generate (goal >= 0.95).
-//   BM_ApiStreaming/N: N concurrent streaming clients; time to first token and
-//     inter-token latency p50/p99 as the clients see them, beside aggregate
-//     tokens/s.
+//   BM_ApiStreaming/<model>/N: N concurrent streaming clients; time to first
+//     token and inter-token latency p50/p99 as the clients see them, beside
+//     aggregate tokens/s.
 #include <benchmark/benchmark.h>
 #include <httplib.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -23,7 +30,9 @@
 #include "api/engine.h"
 #include "api/server.h"
 #include "gguf/gguf_reader.h"
+#include "gguf/make_model.h"
 #include "mesh/in_process.h"
+#include "model/hparams.h"
 #include "node/layer_range.h"
 #include "util/thread_pool.h"
 
@@ -35,7 +44,6 @@ using meshnet::api::Engine;
 namespace mesh = meshnet::mesh;
 namespace node = meshnet::node;
 
-constexpr int kTokens = 128;
 const char* kPrompt = "Once upon a time";
 
 double Secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -47,16 +55,23 @@ double ProcessCpu() {
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-// One server for the whole binary.
+struct ModelSpec {
+  std::string path;
+  std::string name;
+  int sessions = 0;  // KV sessions and API concurrency (`--max-concurrent`)
+};
+
+// One server per model for the whole binary.
 struct Fixture {
-  Fixture() {
-    file = std::make_shared<const meshnet::gguf::GgufFile>(
-        meshnet::gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
+  explicit Fixture(const ModelSpec& spec) {
+    file =
+        std::make_shared<const meshnet::gguf::GgufFile>(meshnet::gguf::GgufFile::Open(spec.path));
+    const int n_layers = meshnet::model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
-    mo.split = node::EvenSplit(3, 5);
-    mo.kv_config.max_sessions = 32;  // as `meshnet api --max-concurrent 32`
+    mo.split = meshnet::node::EvenSplit(3, n_layers);
+    mo.kv_config.max_sessions = spec.sessions;
     mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
-    meshnet::api::EngineOptions eo{"stories260K", 512, 32, 64};
+    meshnet::api::EngineOptions eo{spec.name, 512, spec.sessions, 64};
     engine = std::make_unique<Engine>(
         meshnet::model::Tokenizer::FromGguf(*file), meshnet::api::ChatFormatter(),
         [m = mesh.get()] { return std::make_unique<mesh::FixedRouteProvider>(m->route()); }, eo);
@@ -80,8 +95,41 @@ struct Fixture {
   int port = 0;
 };
 
-Fixture& F() {
-  static Fixture f;
+Fixture& Tiny() {
+  static Fixture f({MESHNET_SHIPPED_MODEL, "stories260K", 32});  // as --max-concurrent 32
+  return f;
+}
+
+// A fresh temporary directory removed at exit (the model is never kept).
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "api_bench.XXXXXX").string();
+    if (mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::filesystem::path path;
+};
+
+// 768-dim, 12 layers, Q8_0 with the shipped tokenizer: the same as
+//   meshnet make-model --n-embd 768 --n-layers 12 --type q8_0 --seed 7 \
+//     --context 1024 --tokenizer-from models/stories260K.gguf --out OUT
+std::string MakeRealModel(const TempDir& dir) {
+  meshnet::gguf::MakeModelOptions o;  // defaults: 768-dim, 12 layers, 12 heads, ff 2048, Q8_0
+  o.name = "llama768-q8_0";
+  o.seed = 7;
+  o.context = 1024;
+  const std::string path = (dir.path / "llama768-q8_0.gguf").string();
+  meshnet::gguf::MakeModel(o, MESHNET_SHIPPED_MODEL, path);
+  return path;
+}
+
+Fixture& Real() {
+  static TempDir dir;  // constructed before `f`, so destroyed after it
+  static Fixture f({MakeRealModel(dir), "llama768-q8_0", 8});
   return f;
 }
 
@@ -92,7 +140,7 @@ struct StreamTimes {
 };
 
 // One streamed completion; times are taken as the content events arrive.
-StreamTimes StreamOnce(int port, const std::string& prompt) {
+StreamTimes StreamOnce(int port, const std::string& prompt, int max_tokens) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(300, 0);
   cli.set_tcp_nodelay(true);
@@ -102,7 +150,7 @@ StreamTimes StreamOnce(int port, const std::string& prompt) {
   req.set_header("Content-Type", "application/json");
   req.body = nlohmann::json{{"prompt", prompt},
                             {"temperature", 0},
-                            {"max_tokens", kTokens},
+                            {"max_tokens", max_tokens},
                             {"stream", true},
                             {"stream_options", {{"include_usage", true}}}}
                  .dump();
@@ -150,42 +198,66 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
 }
 
-void BM_ApiVsGenerate(benchmark::State& state) {
-  Fixture& f = F();
-  const auto prompt_ids = f.engine->Tokenize(kPrompt, true, false);
+// `state.range(0)`: tokens per generation.
+void BM_ApiVsGenerate(benchmark::State& state, Fixture& (*model)()) {
+  Fixture& f = model();
+  const int tokens = static_cast<int>(state.range(0));
+  const auto prompt_ids = f.engine->Tokenize(kPrompt, true, /*parse_special=*/false);
   mesh::GenerateOptions options;
-  options.max_tokens = kTokens;
+  options.max_tokens = tokens;
   options.eos_id = f.engine->tokenizer().eos_id();
-  double gen_s = 0, api_s = 0, gen_cpu = 0, api_cpu = 0;
-  int64_t gen_tokens = 0, api_tokens = 0;
-  for (auto _ : state) {
+  // Each side's wall and CPU seconds and tokens, accumulated.
+  struct Side {
+    double wall = 0, cpu = 0;
+    int64_t tokens = 0;
+  } gen, api;
+  auto timed = [](Side& side, const auto& run) {
     const double c0 = ProcessCpu();
-    Clock::time_point t0 = Clock::now();
+    const Clock::time_point t0 = Clock::now();
+    side.tokens += run();
+    side.wall += Secs(Clock::now() - t0);
+    side.cpu += ProcessCpu() - c0;
+  };
+  auto run_gen = [&] {
     mesh::FixedRouteProvider p(f.mesh->route());
-    gen_tokens += mesh::Generate(p, prompt_ids, options).generated_ids.size();
-    Clock::time_point t1 = Clock::now();
-    const double c1 = ProcessCpu();
-    api_tokens += StreamOnce(f.port, kPrompt).tokens;
-    Clock::time_point t2 = Clock::now();
-    const double c2 = ProcessCpu();
-    gen_s += Secs(t1 - t0);
-    api_s += Secs(t2 - t1);
-    gen_cpu += c1 - c0;
-    api_cpu += c2 - c1;
+    return static_cast<int64_t>(mesh::Generate(p, prompt_ids, options).generated_ids.size());
+  };
+  auto run_api = [&] { return static_cast<int64_t>(StreamOnce(f.port, kPrompt, tokens).tokens); };
+  // Untimed warm-up of both paths: the first pass pages the model in.
+  run_gen();
+  run_api();
+  bool gen_first = true;  // alternated, so drift in machine load hits both sides alike
+  for (auto _ : state) {
+    if (gen_first) timed(gen, run_gen);
+    timed(api, run_api);
+    if (!gen_first) timed(gen, run_gen);
+    gen_first = !gen_first;
   }
-  const double gen_tps = gen_tokens / gen_s, api_tps = api_tokens / api_s;
+  const double gen_tps = gen.tokens / gen.wall, api_tps = api.tokens / api.wall;
   state.counters["generate_tok_s"] = gen_tps;
   state.counters["api_tok_s"] = api_tps;
   state.counters["api_over_generate"] = api_tps / gen_tps;
   // Tokens per CPU-second, API (server + client) over generate: insensitive
   // to how busy the machine is.
-  state.counters["cpu_ratio"] = (api_tokens / api_cpu) / (gen_tokens / gen_cpu);
+  state.counters["cpu_ratio"] = (api.tokens / api.cpu) / (gen.tokens / gen.cpu);
 }
-BENCHMARK(BM_ApiVsGenerate)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+BENCHMARK_CAPTURE(BM_ApiVsGenerate, tiny, &Tiny)
+    ->Arg(128)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
+// ~1 s per generation at 60 tok/s: a fixed count keeps the run short.
+BENCHMARK_CAPTURE(BM_ApiVsGenerate, real, &Real)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(6);
 
-void BM_ApiStreaming(benchmark::State& state) {
-  Fixture& f = F();
+// `state.range(0)`: concurrent clients, `state.range(1)`: tokens per request.
+void BM_ApiStreaming(benchmark::State& state, Fixture& (*model)()) {
+  Fixture& f = model();
   const int clients = static_cast<int>(state.range(0));
+  const int max_tokens = static_cast<int>(state.range(1));
   std::vector<double> ttft, gaps;
   int64_t tokens = 0;
   double wall = 0;
@@ -194,8 +266,9 @@ void BM_ApiStreaming(benchmark::State& state) {
     std::vector<std::thread> threads;
     const Clock::time_point t0 = Clock::now();
     for (int i = 0; i < clients; ++i) {
-      threads.emplace_back(
-          [&, i] { got[i] = StreamOnce(f.port, std::string(kPrompt) + " " + std::to_string(i)); });
+      threads.emplace_back([&, i] {
+        got[i] = StreamOnce(f.port, std::string(kPrompt) + " " + std::to_string(i), max_tokens);
+      });
     }
     for (auto& t : threads) t.join();
     wall += Secs(Clock::now() - t0);
@@ -211,13 +284,19 @@ void BM_ApiStreaming(benchmark::State& state) {
   state.counters["itl_p99_ms"] = 1e3 * Percentile(gaps, 0.99);
   state.counters["aggregate_tok_s"] = tokens / wall;
 }
-BENCHMARK(BM_ApiStreaming)
-    ->Arg(1)
-    ->Arg(8)
-    ->Arg(32)
+BENCHMARK_CAPTURE(BM_ApiStreaming, tiny, &Tiny)
+    ->Args({1, 128})
+    ->Args({8, 128})
+    ->Args({32, 128})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_ApiStreaming, real, &Real)
+    ->Args({1, 64})
+    ->Args({8, 32})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2);
 
 }  // namespace
 
