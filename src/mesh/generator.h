@@ -101,7 +101,7 @@ struct GenerateResult {
   int failovers = 0;    // after a dead hop
   int64_t final_epoch = 0;
   std::string final_route;
-  bool stopped = false;  // ended by events.stop_requested
+  bool stopped = false;     // ended by events.stop_requested
   int busy_retries = 0;     // steps re-sent after a hop was busy
   std::string stop_reason;  // "max_tokens", "eos", "context_length" or "stopped"
 };

@@ -423,11 +423,12 @@ mesh::Route RemoteRouteProvider::Plan() {
 
   // The client's tokenizer (its --model) must be the nodes' model: token ids
   // of another vocabulary would decode to garbage.
-  if (!m.options.expected_model_id.empty() && survey.infos[usable.front()]->shard.model_id != m.options.expected_model_id) {
-    ThrowInvalidArgument("the nodes serve model " + survey.infos[usable.front()]->shard.model_id.substr(0, 16) +
-                         " but this client's tokenizer comes from model " +
-                         m.options.expected_model_id.substr(0, 16) +
-                         ": give --model the GGUF the nodes serve");
+  if (!m.options.expected_model_id.empty() &&
+      survey.infos[usable.front()]->shard.model_id != m.options.expected_model_id) {
+    ThrowInvalidArgument(
+        "the nodes serve model " + survey.infos[usable.front()]->shard.model_id.substr(0, 16) +
+        " but this client's tokenizer comes from model " +
+        m.options.expected_model_id.substr(0, 16) + ": give --model the GGUF the nodes serve");
   }
 
   std::vector<mesh::RouteCandidate> candidates;
