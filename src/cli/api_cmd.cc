@@ -118,7 +118,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
     mesh::InProcessMeshOptions mo;
     mo.split =
         f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtype(f.kv_dtype);
+    mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     // Every admitted generation holds a session on every shard.
     mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.max_concurrent);
