@@ -16,11 +16,30 @@
 
 #include "util/error.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define MESHNET_TSAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MESHNET_TSAN_BUILD 1
+#endif
+#endif
+
 // Counts allocations made by the current thread (to check ParallelFor allocates nothing).
 namespace {
 thread_local int64_t t_allocations = 0;
 }  // namespace
 
+#ifdef MESHNET_TSAN_BUILD
+// clang links its TSan runtime whole (with its own operator new), so a
+// replacement would not link: count through the sanitizer's malloc hooks.
+#include <sanitizer/allocator_interface.h>
+namespace {
+void OnMalloc(const volatile void*, size_t) { ++t_allocations; }
+void OnFree(const volatile void*) {}
+[[maybe_unused]] const int kHooksInstalled =
+    __sanitizer_install_malloc_and_free_hooks(OnMalloc, OnFree);
+}  // namespace
+#else
 void* operator new(std::size_t size) {
   ++t_allocations;
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
@@ -28,6 +47,7 @@ void* operator new(std::size_t size) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#endif
 
 namespace meshnet {
 namespace {
