@@ -192,6 +192,97 @@ void WriteHParams(const MakeModelOptions& o, const CertifiedArchitecture& arch, 
   w->SetU32(arch.Key(ArchKey::kVocabSize), static_cast<uint32_t>(vocab_size));
 }
 
+namespace {
+
+// Adds a model's tensors to a writer in GGUF order, counting them.
+class TensorAdder {
+ public:
+  TensorAdder(const MakeModelOptions& o, GgufWriter* w, MakeModelSummary* summary)
+      : o_(o), w_(w), summary_(summary) {}
+
+  // A matrix (rows of ne0 values) of `type`, N(0, (scale/sqrt(ne0))^2).
+  void Matrix(const std::string& name, GgmlType type, int64_t ne0, int64_t ne1, double scale) {
+    const int64_t dims[] = {ne0, ne1};
+    const float std_dev = static_cast<float>(scale / std::sqrt(static_cast<double>(ne0)));
+    const uint64_t seed = o_.seed;
+    w_->AddTensor(name, type, dims, [name, type, ne0, ne1, std_dev, seed](std::span<uint8_t> dst) {
+      NormalRng rng(TensorSeed(seed, name));
+      std::vector<float> row(static_cast<size_t>(ne0));  // (ne0)
+      const int64_t row_bytes = ops::RowBytes(type, ne0);
+      for (int64_t r = 0; r < ne1; ++r) {
+        for (float& x : row) x = rng.Next() * std_dev;
+        ops::QuantizeRow(type, row.data(), ne0, dst.data() + r * row_bytes);
+      }
+    });
+    Count(ne0 * ne1);
+  }
+  // An RMS-norm weight of ones.
+  void Norm(const std::string& name) {
+    const int64_t dims[] = {o_.n_embd};
+    w_->AddTensor(name, GgmlType::kF32, dims, [](std::span<uint8_t> dst) {
+      const float one = 1.0f;
+      for (size_t i = 0; i + 4 <= dst.size(); i += 4) std::memcpy(dst.data() + i, &one, 4);
+    });
+    Count(o_.n_embd);
+  }
+  void Vector(const std::string& name, std::vector<float> values) {
+    const int64_t dims[] = {static_cast<int64_t>(values.size())};
+    Count(dims[0]);
+    w_->AddTensor(name, GgmlType::kF32, dims, [values = std::move(values)](std::span<uint8_t> dst) {
+      std::memcpy(dst.data(), values.data(), values.size() * sizeof(float));
+    });
+  }
+  // A bias vector of n values, N(0, 0.5^2).
+  void RandomVector(const std::string& name, int64_t n) {
+    NormalRng rng(TensorSeed(o_.seed, name));
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = rng.Next() * 0.5f;
+    Vector(name, std::move(v));
+  }
+  // The weight type of the next matrix: --type, or the next of --mix-types in turn.
+  GgmlType NextMatrixType() {
+    return o_.mix_types.empty() ? o_.type : o_.mix_types[next_mix_++ % o_.mix_types.size()];
+  }
+
+ private:
+  void Count(int64_t n_params) {
+    summary_->n_params += n_params;
+    ++summary_->n_tensors;
+  }
+
+  const MakeModelOptions& o_;
+  GgufWriter* w_;
+  MakeModelSummary* summary_;
+  size_t next_mix_ = 0;
+};
+
+// One transformer block's tensors, in llama.cpp's order.
+void AddLayer(const MakeModelOptions& o, const CertifiedArchitecture& arch, int layer,
+              TensorAdder& add) {
+  const int64_t n_embd_kv = o.n_embd / o.n_heads * o.n_kv_heads;
+  const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(o.n_layers));
+  auto name = [layer](LayerTensor t) { return CertifiedArchitecture::LayerTensorName(layer, t); };
+  add.Norm(name(LayerTensor::kAttnNorm));
+  add.Matrix(name(LayerTensor::kAttnQ), add.NextMatrixType(), o.n_embd, o.n_embd, 1.0);
+  add.Matrix(name(LayerTensor::kAttnK), add.NextMatrixType(), o.n_embd, n_embd_kv, 1.0);
+  add.Matrix(name(LayerTensor::kAttnV), add.NextMatrixType(), o.n_embd, n_embd_kv, 1.0);
+  if (arch.qkv_bias) {
+    for (auto [t, n] :
+         {std::pair{LayerTensor::kAttnQ, o.n_embd}, std::pair{LayerTensor::kAttnK, n_embd_kv},
+          std::pair{LayerTensor::kAttnV, n_embd_kv}}) {
+      add.RandomVector(CertifiedArchitecture::LayerBiasName(layer, t), n);
+    }
+  }
+  add.Matrix(name(LayerTensor::kAttnOutput), add.NextMatrixType(), o.n_embd, o.n_embd,
+             residual_scale);
+  add.Norm(name(LayerTensor::kFfnNorm));
+  add.Matrix(name(LayerTensor::kFfnGate), add.NextMatrixType(), o.n_embd, o.n_ff, 1.0);
+  add.Matrix(name(LayerTensor::kFfnUp), add.NextMatrixType(), o.n_embd, o.n_ff, 1.0);
+  add.Matrix(name(LayerTensor::kFfnDown), add.NextMatrixType(), o.n_ff, o.n_embd, residual_scale);
+}
+
+}  // namespace
+
 MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer, GgufWriter* w) {
   ValidateMakeModelOptions(o);
   const CertifiedArchitecture& arch = CertifiedArchitectureFor(o.architecture);
@@ -202,89 +293,23 @@ MakeModelSummary BuildModel(const MakeModelOptions& o, const GgufFile& tokenizer
   }
   MakeModelSummary summary;
   summary.vocab_size = static_cast<int64_t>(tokens->size());
-  const int64_t head_dim = o.n_embd / o.n_heads;
-  const int64_t n_embd_kv = head_dim * o.n_kv_heads;
-
   WriteHParams(o, arch, summary.vocab_size, w);
   for (const MetadataEntry& e : tokenizer.metadata()) {
     if (e.key.starts_with("tokenizer.")) w->Set(e.key, WriterValue::From(e.value));
   }
 
-  const uint64_t seed = o.seed;
-  // A matrix (rows of ne0 values) of `type`, N(0, (scale/sqrt(ne0))^2).
-  auto add_matrix = [&](const std::string& name, GgmlType type, int64_t ne0, int64_t ne1,
-                        double scale) {
-    const int64_t dims[] = {ne0, ne1};
-    const float std_dev = static_cast<float>(scale / std::sqrt(static_cast<double>(ne0)));
-    w->AddTensor(name, type, dims, [name, type, ne0, ne1, std_dev, seed](std::span<uint8_t> dst) {
-      NormalRng rng(TensorSeed(seed, name));
-      std::vector<float> row(static_cast<size_t>(ne0));  // (ne0)
-      const int64_t row_bytes = ops::RowBytes(type, ne0);
-      for (int64_t r = 0; r < ne1; ++r) {
-        for (float& x : row) x = rng.Next() * std_dev;
-        ops::QuantizeRow(type, row.data(), ne0, dst.data() + r * row_bytes);
-      }
-    });
-    summary.n_params += ne0 * ne1;
-    ++summary.n_tensors;
-  };
-  auto add_norm = [&](const std::string& name) {
-    const int64_t dims[] = {o.n_embd};
-    w->AddTensor(name, GgmlType::kF32, dims, [](std::span<uint8_t> dst) {
-      const float one = 1.0f;
-      for (size_t i = 0; i + 4 <= dst.size(); i += 4) std::memcpy(dst.data() + i, &one, 4);
-    });
-    summary.n_params += o.n_embd;
-    ++summary.n_tensors;
-  };
-  auto add_vector = [&](const std::string& name, std::vector<float> values) {
-    const int64_t dims[] = {static_cast<int64_t>(values.size())};
-    summary.n_params += dims[0];
-    ++summary.n_tensors;
-    w->AddTensor(name, GgmlType::kF32, dims, [values = std::move(values)](std::span<uint8_t> dst) {
-      std::memcpy(dst.data(), values.data(), values.size() * sizeof(float));
-    });
-  };
-  auto random_vector = [&](const std::string& name, int64_t n) {
-    NormalRng rng(TensorSeed(seed, name));
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = rng.Next() * 0.5f;
-    return v;
-  };
-
-  const double residual_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(o.n_layers));
-  size_t next_mix = 0;
-  auto matrix_type = [&] {
-    return o.mix_types.empty() ? o.type : o.mix_types[next_mix++ % o.mix_types.size()];
-  };
-  add_matrix(CertifiedArchitecture::kTokenEmbedding, o.embedding_type.value_or(matrix_type()),
-             o.n_embd, summary.vocab_size, 1.0);
-  for (int layer = 0; layer < o.n_layers; ++layer) {
-    auto name = [layer](LayerTensor t) { return CertifiedArchitecture::LayerTensorName(layer, t); };
-    add_norm(name(LayerTensor::kAttnNorm));
-    add_matrix(name(LayerTensor::kAttnQ), matrix_type(), o.n_embd, o.n_embd, 1.0);
-    add_matrix(name(LayerTensor::kAttnK), matrix_type(), o.n_embd, n_embd_kv, 1.0);
-    add_matrix(name(LayerTensor::kAttnV), matrix_type(), o.n_embd, n_embd_kv, 1.0);
-    if (arch.qkv_bias) {
-      for (auto [t, n] :
-           {std::pair{LayerTensor::kAttnQ, o.n_embd}, std::pair{LayerTensor::kAttnK, n_embd_kv},
-            std::pair{LayerTensor::kAttnV, n_embd_kv}}) {
-        const std::string bias = CertifiedArchitecture::LayerBiasName(layer, t);
-        add_vector(bias, random_vector(bias, n));
-      }
-    }
-    add_matrix(name(LayerTensor::kAttnOutput), matrix_type(), o.n_embd, o.n_embd, residual_scale);
-    add_norm(name(LayerTensor::kFfnNorm));
-    add_matrix(name(LayerTensor::kFfnGate), matrix_type(), o.n_embd, o.n_ff, 1.0);
-    add_matrix(name(LayerTensor::kFfnUp), matrix_type(), o.n_embd, o.n_ff, 1.0);
-    add_matrix(name(LayerTensor::kFfnDown), matrix_type(), o.n_ff, o.n_embd, residual_scale);
-  }
-  add_norm(CertifiedArchitecture::kOutputNorm);
+  TensorAdder add(o, w, &summary);
+  add.Matrix(CertifiedArchitecture::kTokenEmbedding,
+             o.embedding_type.value_or(add.NextMatrixType()), o.n_embd, summary.vocab_size, 1.0);
+  for (int layer = 0; layer < o.n_layers; ++layer) AddLayer(o, arch, layer, add);
+  add.Norm(CertifiedArchitecture::kOutputNorm);
   if (!o.tie_output) {
-    add_matrix(CertifiedArchitecture::kOutput, matrix_type(), o.n_embd, summary.vocab_size, 1.0);
+    add.Matrix(CertifiedArchitecture::kOutput, add.NextMatrixType(), o.n_embd, summary.vocab_size,
+               1.0);
   }
   if (o.rope_freqs) {
-    add_vector(CertifiedArchitecture::kRopeFreqs, Llama3RopeFactors(head_dim, o.rope_base));
+    add.Vector(CertifiedArchitecture::kRopeFreqs,
+               Llama3RopeFactors(o.n_embd / o.n_heads, o.rope_base));
   }
   return summary;
 }

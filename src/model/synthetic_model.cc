@@ -38,15 +38,11 @@ void FillRow(uint64_t seed, int64_t row, bool is_norm, float scale, float* out, 
   }
 }
 
-}  // namespace
-
-gguf::GgufWriter SyntheticLlamaWriter(const SyntheticLlamaSpec& spec) {
-  gguf::GgufWriter w;
-  // Key names through the registry, also for an uncertified architecture
-  // (negative tests), by borrowing the registry's spelling.
+// The hyper-parameter keys (spelled by the registry, also for an uncertified
+// architecture: negative tests), minus spec.omit_keys.
+void WriteHParams(const SyntheticLlamaSpec& spec, gguf::GgufWriter& w) {
   CertifiedArchitecture arch;
   arch.gguf_arch = spec.architecture;
-
   auto set_u32 = [&](const std::string& key, int64_t v) {
     if (!spec.omit_keys.contains(key)) w.SetU32(key, static_cast<uint32_t>(v));
   };
@@ -66,63 +62,76 @@ gguf::GgufWriter SyntheticLlamaWriter(const SyntheticLlamaSpec& spec) {
   set_f32(arch.Key(ArchKey::kRmsEpsilon), spec.rms_eps);
   if (spec.n_rot != 0) set_u32(arch.Key(ArchKey::kRopeDimensionCount), spec.n_rot);
   if (spec.rope_freq_base != 0) set_f32(arch.Key(ArchKey::kRopeFreqBase), spec.rope_freq_base);
+}
 
-  if (spec.with_tokenizer) {
-    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
-    std::vector<int32_t> types = {static_cast<int32_t>(TokenType::kUnknown),
-                                  static_cast<int32_t>(TokenType::kControl),
-                                  static_cast<int32_t>(TokenType::kControl)};
-    if (spec.vocab_size >= 3 + 256) {
-      for (int b = 0; b < 256; ++b) {
-        char name[8];
-        std::snprintf(name, sizeof(name), "<0x%02X>", b);
-        tokens.push_back(name);
-        types.push_back(static_cast<int32_t>(TokenType::kByte));
-      }
+// A SentencePiece-style vocabulary: <unk> <s> </s>, the 256 byte tokens when
+// they fit, then words; minus spec.omit_keys.
+void WriteTokenizer(const SyntheticLlamaSpec& spec, gguf::GgufWriter& w) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {static_cast<int32_t>(TokenType::kUnknown),
+                                static_cast<int32_t>(TokenType::kControl),
+                                static_cast<int32_t>(TokenType::kControl)};
+  if (spec.vocab_size >= 3 + 256) {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      tokens.push_back(name);
+      types.push_back(static_cast<int32_t>(TokenType::kByte));
     }
-    for (int i = 0; static_cast<int>(tokens.size()) < spec.vocab_size; ++i) {
-      tokens.push_back("\xE2\x96\x81w" + std::to_string(i));
-      types.push_back(static_cast<int32_t>(TokenType::kNormal));
-    }
-    tokens.resize(static_cast<size_t>(std::max(spec.vocab_size, 0)));
-    types.resize(tokens.size());
-    std::vector<float> scores(tokens.size());
-    for (size_t i = 0; i < scores.size(); ++i) scores[i] = -static_cast<float>(i);
-    if (!spec.omit_keys.contains(gguf_keys::kTokenizerModel)) {
-      w.SetString(gguf_keys::kTokenizerModel, "llama");
-    }
-    if (!spec.omit_keys.contains(gguf_keys::kTokens)) {
-      w.Set(gguf_keys::kTokens,
-            gguf::WriterValue::StringArray(std::span<const std::string>(tokens)));
-    }
-    if (!spec.omit_keys.contains(gguf_keys::kScores)) {
-      w.Set(gguf_keys::kScores, gguf::WriterValue::F32Array(scores));
-    }
-    if (!spec.omit_keys.contains(gguf_keys::kTokenType)) {
-      w.Set(gguf_keys::kTokenType, gguf::WriterValue::I32Array(types));
-    }
-    set_u32(gguf_keys::kBosId, 1);
-    set_u32(gguf_keys::kEosId, 2);
-    set_u32(gguf_keys::kUnknownId, 0);
   }
+  for (int i = 0; static_cast<int>(tokens.size()) < spec.vocab_size; ++i) {
+    tokens.push_back("\xE2\x96\x81w" + std::to_string(i));
+    types.push_back(static_cast<int32_t>(TokenType::kNormal));
+  }
+  tokens.resize(static_cast<size_t>(std::max(spec.vocab_size, 0)));
+  types.resize(tokens.size());
+  std::vector<float> scores(tokens.size());
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = -static_cast<float>(i);
+  auto keep = [&](const std::string& key) { return !spec.omit_keys.contains(key); };
+  if (keep(gguf_keys::kTokenizerModel)) w.SetString(gguf_keys::kTokenizerModel, "llama");
+  if (keep(gguf_keys::kTokens)) {
+    w.Set(gguf_keys::kTokens, gguf::WriterValue::StringArray(std::span<const std::string>(tokens)));
+  }
+  if (keep(gguf_keys::kScores)) w.Set(gguf_keys::kScores, gguf::WriterValue::F32Array(scores));
+  if (keep(gguf_keys::kTokenType)) {
+    w.Set(gguf_keys::kTokenType, gguf::WriterValue::I32Array(types));
+  }
+  for (auto [key, id] : {std::pair{gguf_keys::kBosId, 1}, std::pair{gguf_keys::kEosId, 2},
+                         std::pair{gguf_keys::kUnknownId, 0}}) {
+    if (keep(key)) w.SetU32(key, static_cast<uint32_t>(id));
+  }
+}
 
+// One tensor of deterministic values (spec.seed and its name), with the
+// spec's omissions and dims/type overrides applied.
+void AddTensor(const SyntheticLlamaSpec& spec, gguf::GgufWriter& w, const std::string& name,
+               std::vector<int64_t> dims, bool is_norm) {
+  if (spec.omit_tensors.contains(name)) return;
+  if (auto it = spec.dims_override.find(name); it != spec.dims_override.end()) dims = it->second;
+  GgmlType type = is_norm ? GgmlType::kF32 : spec.weight_type;
+  if (auto it = spec.type_override.find(name); it != spec.type_override.end()) type = it->second;
+  const uint64_t seed = NameSeed(name, spec.seed);
+  const int64_t row_len = dims[0];
+  const float scale = 1.0f / static_cast<float>(row_len);
+  w.AddTensor(name, type, dims, [=](std::span<uint8_t> dst) {
+    const int64_t row_bytes = ops::RowBytes(type, row_len);
+    const int64_t rows = static_cast<int64_t>(dst.size()) / row_bytes;
+    std::vector<float> row(static_cast<size_t>(row_len));
+    for (int64_t r = 0; r < rows; ++r) {
+      FillRow(seed, r, is_norm, scale, row.data(), row_len);
+      ops::QuantizeRow(type, row.data(), row_len, dst.data() + r * row_bytes);
+    }
+  });
+}
+
+}  // namespace
+
+gguf::GgufWriter SyntheticLlamaWriter(const SyntheticLlamaSpec& spec) {
+  gguf::GgufWriter w;
+  WriteHParams(spec, w);
+  if (spec.with_tokenizer) WriteTokenizer(spec, w);
   auto add = [&](const std::string& name, std::vector<int64_t> dims, bool is_norm) {
-    if (spec.omit_tensors.contains(name)) return;
-    if (auto it = spec.dims_override.find(name); it != spec.dims_override.end()) dims = it->second;
-    GgmlType type = is_norm ? GgmlType::kF32 : spec.weight_type;
-    if (auto it = spec.type_override.find(name); it != spec.type_override.end()) type = it->second;
-    const uint64_t seed = NameSeed(name, spec.seed);
-    const int64_t row_len = dims[0];
-    const float scale = 1.0f / static_cast<float>(row_len);
-    w.AddTensor(name, type, dims, [=](std::span<uint8_t> dst) {
-      const int64_t row_bytes = ops::RowBytes(type, row_len);
-      const int64_t rows = static_cast<int64_t>(dst.size()) / row_bytes;
-      std::vector<float> row(static_cast<size_t>(row_len));
-      for (int64_t r = 0; r < rows; ++r) {
-        FillRow(seed, r, is_norm, scale, row.data(), row_len);
-        ops::QuantizeRow(type, row.data(), row_len, dst.data() + r * row_bytes);
-      }
-    });
+    AddTensor(spec, w, name, std::move(dims), is_norm);
   };
   const int64_t n_embd = spec.n_embd;
   const int64_t head_dim = spec.n_heads > 0 ? spec.n_embd / spec.n_heads : 0;
