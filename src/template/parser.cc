@@ -400,6 +400,8 @@ class Parser {
   ExprPtr ParseSubscript(ExprPtr node);
   ExprPtr ParseFilters(ExprPtr node);
   ExprPtr ParseTest(ExprPtr node);
+  // `callee(args)`: a call node on callee, at "(".
+  ExprPtr ParseCall(ExprPtr callee);
   void ParseCallArgs(Expr& call);
 
   std::vector<Token> t_;
@@ -511,10 +513,7 @@ ExprPtr Parser::ParsePostfix(ExprPtr node) {
     } else if (SkipOp("[")) {
       node = ParseSubscript(std::move(node));
     } else if (IsOp("(")) {
-      auto call = Node(Expr::Type::kCall);
-      call->args.push_back(std::move(node));
-      ParseCallArgs(*call);
-      node = std::move(call);
+      node = ParseCall(std::move(node));
     } else {
       return node;
     }
@@ -542,6 +541,13 @@ ExprPtr Parser::ParseSubscript(ExprPtr node) {
     e->args.push_back(std::move(parts[2]));
   }
   return e;
+}
+
+ExprPtr Parser::ParseCall(ExprPtr callee) {
+  auto call = Node(Expr::Type::kCall);
+  call->args.push_back(std::move(callee));
+  ParseCallArgs(*call);
+  return call;
 }
 
 void Parser::ParseCallArgs(Expr& call) {
@@ -574,10 +580,7 @@ ExprPtr Parser::ParseFilters(ExprPtr node) {
     } else if (IsName("is") && node != nullptr) {
       node = ParseTest(std::move(node));
     } else if (IsOp("(") && node != nullptr) {
-      auto call = Node(Expr::Type::kCall);
-      call->args.push_back(std::move(node));
-      ParseCallArgs(*call);
-      node = std::move(call);
+      node = ParseCall(std::move(node));
     } else {
       return node;
     }
