@@ -214,49 +214,13 @@ void DequantizeQ4_K(const BlockQ4_K* x, int64_t n, float* y) {
 
 // ---------------------------------------------------------------- Q6_K
 
-// Fits x[i] ~= scale * q[i] with q in [-32, 31]; returns the scale.
-float FitSymmetric6(const float* x, int count) {
-  float amax = 0.0f, vmax = 0.0f;
-  for (int i = 0; i < count; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      vmax = x[i];
-    }
-  }
-  if (amax == 0.0f) return 0.0f;
-  float best_err = INFINITY, best_scale = 0.0f;
-  for (int step = -6; step <= 6; ++step) {
-    // Candidates map the extreme element near code -32 (the asymmetric end).
-    const float iscale = -(32.0f + 0.25f * static_cast<float>(step)) / vmax;
-    double sxq = 0, sqq = 0;
-    int q[16];
-    for (int i = 0; i < count; ++i) {
-      q[i] = std::clamp(NearestInt(iscale * x[i]), -32, 31);
-      sxq += static_cast<double>(x[i]) * q[i];
-      sqq += static_cast<double>(q[i]) * q[i];
-    }
-    if (sqq <= 0) continue;
-    const float scale = static_cast<float>(sxq / sqq);
-    float err = 0.0f;
-    for (int i = 0; i < count; ++i) {
-      const float e = scale * q[i] - x[i];
-      err += e * e;
-    }
-    if (err < best_err) {
-      best_err = err;
-      best_scale = scale;
-    }
-  }
-  return best_scale;
-}
-
 void QuantizeQ6_K(const float* x, int64_t n, BlockQ6_K* y) {
   for (int64_t b = 0; b < n / kQK_K; ++b, x += kQK_K) {
     BlockQ6_K& blk = y[b];
     float scales[16];
     float amax = 0.0f, vmax = 0.0f;
     for (int k = 0; k < 16; ++k) {
-      scales[k] = FitSymmetric6(x + 16 * k, 16);
+      scales[k] = internal::FitSymmetric(x + 16 * k, 16, 32, 0.25f);
       if (std::fabs(scales[k]) > amax) {
         amax = std::fabs(scales[k]);
         vmax = scales[k];

@@ -13,8 +13,9 @@ namespace meshnet::ops::internal {
 // (count <= 32). Writes the best scale and min; returns the squared error.
 float FitAsymmetric(const float* x, int count, int nmax, float* scale, float* min);
 // Fits x[i] ~= scale * q[i] with integer q in [-nmax, nmax - 1] (count <= 32);
-// returns the (signed) scale.
-float FitSymmetric(const float* x, int count, int nmax);
+// returns the (signed) scale. The 13 candidates put the element of largest
+// magnitude near code -nmax, nmax + step_size * {-6..6} away.
+float FitSymmetric(const float* x, int count, int nmax, float step_size);
 // Fits x[i] ~= scale * kIq4NlValues[k[i]] (count <= 32); returns the scale.
 float FitIq4(const float* x, int count);
 // Index of the IQ4_NL level nearest to v.

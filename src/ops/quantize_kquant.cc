@@ -66,7 +66,7 @@ float FitAsymmetric(const float* x, int count, int nmax, float* scale_out, float
   return best_err;
 }
 
-float FitSymmetric(const float* x, int count, int nmax) {
+float FitSymmetric(const float* x, int count, int nmax, float step_size) {
   float amax = 0.0f, vmax = 0.0f;
   for (int i = 0; i < count; ++i) {
     if (std::fabs(x[i]) > amax) {
@@ -78,7 +78,7 @@ float FitSymmetric(const float* x, int count, int nmax) {
   float best_err = INFINITY, best_scale = 0.0f;
   for (int step = -6; step <= 6; ++step) {
     // Candidates map the extreme element near code -nmax (the asymmetric end).
-    const float iscale = -(static_cast<float>(nmax) + 0.1f * static_cast<float>(step)) / vmax;
+    const float iscale = -(static_cast<float>(nmax) + step_size * static_cast<float>(step)) / vmax;
     double sxq = 0, sqq = 0;
     int q[32];
     for (int i = 0; i < count; ++i) {
@@ -182,7 +182,7 @@ void DequantizeQ2_K(const BlockQ2_K* x, int64_t n, float* y) {
 void QuantizeQ3_K(const float* x, int64_t n, BlockQ3_K* y) {
   for (int64_t b = 0; b < n / kQK_K; ++b, x += kQK_K) {
     float scales[16];
-    for (int k = 0; k < 16; ++k) scales[k] = FitSymmetric(x + 16 * k, 16, 4);
+    for (int k = 0; k < 16; ++k) scales[k] = FitSymmetric(x + 16 * k, 16, 4, 0.1f);
     int sc[16];
     y[b].d = QuantizeSignedScales(scales, 16, 32, sc);
     const float d = HalfToFloat(y[b].d);
