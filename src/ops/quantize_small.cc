@@ -47,6 +47,27 @@ uint32_t LoadQh(const uint8_t* qh) {
   return v;
 }
 
+// Q5_0/Q5_1 code layout: element i's low nibble in qs[i % 16] (i < 16: low
+// half of the byte), its fifth bit at bit i of the 32-bit qh.
+template <class CodeFn>
+void PackQ5(CodeFn code, uint8_t* qs, uint8_t* qh_out) {
+  uint32_t qh = 0;
+  for (int j = 0; j < kHalf; ++j) {
+    const int q0 = code(j);
+    const int q1 = code(j + kHalf);
+    qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+    qh |= static_cast<uint32_t>(q0 >> 4) << j;
+    qh |= static_cast<uint32_t>(q1 >> 4) << (j + kHalf);
+  }
+  std::memcpy(qh_out, &qh, 4);
+}
+
+// The 5-bit code of element i (0 <= i < 32).
+int UnpackQ5(const uint8_t* qs, uint32_t qh, int i) {
+  const int nibble = i < kHalf ? qs[i] & 0xF : qs[i - kHalf] >> 4;
+  return nibble | static_cast<int>(((qh >> i) & 1) << 4);
+}
+
 }  // namespace
 
 void QuantizeQ4_1(const float* x, int64_t n, BlockQ4_1* y) {
@@ -82,15 +103,11 @@ void QuantizeQ5_0(const float* x, int64_t n, BlockQ5_0* y) {
     const float d = SignedMax(x, 32) / -16.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = FloatToHalf(d);
-    uint32_t qh = 0;
-    for (int j = 0; j < kHalf; ++j) {
-      const int q0 = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
-      const int q1 = std::min(31, static_cast<int>(static_cast<int8_t>(x[j + kHalf] * id + 16.5f)));
-      y[b].qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
-      qh |= static_cast<uint32_t>(q0 >> 4) << j;
-      qh |= static_cast<uint32_t>(q1 >> 4) << (j + kHalf);
-    }
-    std::memcpy(y[b].qh, &qh, 4);
+    PackQ5(
+        [&](int i) {
+          return std::min(31, static_cast<int>(static_cast<int8_t>(x[i] * id + 16.5f)));
+        },
+        y[b].qs, y[b].qh);
   }
 }
 
@@ -98,12 +115,7 @@ void DequantizeQ5_0(const BlockQ5_0* x, int64_t n, float* y) {
   for (int64_t b = 0; b < n / 32; ++b, y += 32) {
     const float d = HalfToFloat(x[b].d);
     const uint32_t qh = LoadQh(x[b].qh);
-    for (int j = 0; j < kHalf; ++j) {
-      const int q0 = ((x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
-      const int q1 = ((x[b].qs[j] >> 4) | (((qh >> (j + kHalf)) & 1) << 4)) - 16;
-      y[j] = static_cast<float>(q0) * d;
-      y[j + kHalf] = static_cast<float>(q1) * d;
-    }
+    for (int i = 0; i < 32; ++i) y[i] = static_cast<float>(UnpackQ5(x[b].qs, qh, i) - 16) * d;
   }
 }
 
@@ -115,15 +127,8 @@ void QuantizeQ5_1(const float* x, int64_t n, BlockQ5_1* y) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = FloatToHalf(d);
     y[b].m = FloatToHalf(lo);
-    uint32_t qh = 0;
-    for (int j = 0; j < kHalf; ++j) {
-      const int q0 = std::min(31, static_cast<int>((x[j] - lo) * id + 0.5f));
-      const int q1 = std::min(31, static_cast<int>((x[j + kHalf] - lo) * id + 0.5f));
-      y[b].qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
-      qh |= static_cast<uint32_t>(q0 >> 4) << j;
-      qh |= static_cast<uint32_t>(q1 >> 4) << (j + kHalf);
-    }
-    std::memcpy(y[b].qh, &qh, 4);
+    PackQ5([&](int i) { return std::min(31, static_cast<int>((x[i] - lo) * id + 0.5f)); }, y[b].qs,
+           y[b].qh);
   }
 }
 
@@ -132,12 +137,7 @@ void DequantizeQ5_1(const BlockQ5_1* x, int64_t n, float* y) {
     const float d = HalfToFloat(x[b].d);
     const float m = HalfToFloat(x[b].m);
     const uint32_t qh = LoadQh(x[b].qh);
-    for (int j = 0; j < kHalf; ++j) {
-      const int q0 = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-      const int q1 = (x[b].qs[j] >> 4) | (((qh >> (j + kHalf)) & 1) << 4);
-      y[j] = static_cast<float>(q0) * d + m;
-      y[j + kHalf] = static_cast<float>(q1) * d + m;
-    }
+    for (int i = 0; i < 32; ++i) y[i] = static_cast<float>(UnpackQ5(x[b].qs, qh, i)) * d + m;
   }
 }
 
