@@ -52,6 +52,7 @@ struct GenerateFlags {
   std::string dump_logits;
   int64_t ctx = 0;
   std::string in_process_flags;  // in-process-only flags given, e.g. "--split"
+  BatchFlags batch;
 };
 
 using LogitsFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
@@ -94,9 +95,10 @@ int RunGenerate(const GenerateFlags& f) {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
   if (!f.nodes.empty() && !f.in_process_flags.empty()) {
-    ThrowInvalidArgument(f.in_process_flags +
-                         " set the in-process shards; with --nodes each node has its own "
-                         "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads)");
+    ThrowInvalidArgument(
+        f.in_process_flags +
+        " set the in-process shards; with --nodes each node has its own "
+        "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads, --max-batch-*)");
   }
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
@@ -135,6 +137,7 @@ int RunGenerate(const GenerateFlags& f) {
     mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
+    mo.batch = BatchOptionsFrom(f.batch);
     const int threads =
         f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
     pool = std::make_unique<ThreadPool>(threads);
@@ -264,8 +267,12 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--timeout", f->timeout_s,
                        "Per-call deadline in seconds for --nodes (at most a year is used)")
            ->capture_default_str();
+       std::vector<CLI::Option*> in_process = {shards, split, budget, dtype, threads};
+       for (CLI::Option* o : AddBatchFlags(sub, &f->batch, "each in-process shard")) {
+         in_process.push_back(o);
+       }
        sub->callback([=] {
-         for (const CLI::Option* o : {shards, split, budget, dtype, threads}) {
+         for (const CLI::Option* o : in_process) {
            if (o->count() == 0) continue;
            f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
          }
