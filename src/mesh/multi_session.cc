@@ -37,6 +37,9 @@ void RunSession(RunState& st, size_t i) {
     o.token_times_s.push_back(Since(st.t0));
     if (st.events.on_token) st.events.on_token(static_cast<int>(i), token);
   };
+  if (st.events.stop_requested) {
+    ev.stop_requested = [&st, i] { return st.events.stop_requested(static_cast<int>(i)); };
+  }
   o.started_s = Since(st.t0);
   try {
     o.result = Generate(st.provider, st.prompts[i], st.options, ev);

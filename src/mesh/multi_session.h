@@ -53,6 +53,9 @@ struct MultiSessionEvents {
   // Each generated token of session `session` (called on that session's
   // worker thread, so calls for different sessions may run concurrently).
   std::function<void(int session, int32_t token)> on_token;
+  // Asked before each step of session `session`: true ends it there (as
+  // GenerateEvents::stop_requested; the outcome is ok, stop_reason "stopped").
+  std::function<bool(int session)> stop_requested;
 };
 
 // What happened to one session. Times are seconds since Run() started.

@@ -180,6 +180,30 @@ TEST_F(MultiSessionTest, CancellingReleasesEverySessionOnEveryHop) {
   EXPECT_EQ(LiveSessions(), 0);
 }
 
+TEST_F(MultiSessionTest, StopRequestedEndsOneSessionOnly) {
+  const auto prompts = Prompts(4);
+  const GenerateOptions o = Greedy(20);
+  const auto solo = Solo(prompts, o);
+  FixedRouteProvider provider(mesh_->route());
+  MultiSessionDriver driver(provider, {});
+  std::vector<int> seen(prompts.size(), 0);
+  MultiSessionEvents ev;
+  ev.on_token = [&](int s, int32_t) { ++seen[static_cast<size_t>(s)]; };  // one worker per session
+  ev.stop_requested = [&](int s) { return s == 1 && seen[1] >= 5; };
+  const MultiSessionReport r = driver.Run(prompts, o, ev);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(r.sessions[i].ok) << r.sessions[i].error;
+    if (i == 1) {
+      EXPECT_EQ(r.sessions[i].result.stop_reason, "stopped");
+      EXPECT_EQ(r.sessions[i].result.generated_ids,
+                std::vector<int32_t>(solo[i].begin(), solo[i].begin() + 5));
+    } else {
+      EXPECT_EQ(r.sessions[i].result.generated_ids, solo[i]) << i;
+    }
+  }
+  EXPECT_EQ(LiveSessions(), 0);
+}
+
 TEST_F(MultiSessionTest, RejectsBadOptions) {
   FixedRouteProvider provider(mesh_->route());
   EXPECT_THROW(MultiSessionDriver(provider, {.max_in_flight = -1}), Error);
