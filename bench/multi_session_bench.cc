@@ -8,7 +8,9 @@
 //    node holding all layers (a 2-thread compute pool), and `3node`, three
 //    `meshnet serve` processes on loopback (layers 0-3, 4-7, 8-11, --threads
 //    --mb_node_threads each). Counters: aggregate tokens/s (every generated
-//    token over the wall time), inter-token latency p50/p99 and TTFT p50/p99.
+//    token over the wall time), the same per CPU-second of every process of the
+//    route (tok_per_cpu_s: steadier than wall time on a shared machine),
+//    inter-token latency p50/p99 and TTFT p50/p99.
 //  * Ratios/<type>: from the Throughput runs of this process: 16 vs 1 session
 //    (aggregate tokens/s; goal >= 6 once nodes batch), 3-node / in-process at 16
 //    sessions (goal >= 0.8), and inter-token p50/p99 at 16 sessions over 1
@@ -23,12 +25,15 @@
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=1. Each benchmark runs
 // one iteration (a run of many sessions is its own repetition).
 #include <benchmark/benchmark.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -148,6 +153,26 @@ std::string ModelPath(const std::string& type) {
   return made[type] = path;
 }
 
+// CPU seconds (user + system) this process has used.
+double SelfCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU seconds (utime + stime) of another process, from /proc/<pid>/stat.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "(comm) "
+  std::string f;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(f);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 // A route for one model: the in-process node or three serve processes.
 class Route {
  public:
@@ -191,6 +216,12 @@ class Route {
     provider_ = rpc::MakeRemoteRouteProvider(addresses_, co);
   }
   mesh::RouteProvider& provider() { return *provider_; }
+  // CPU seconds used so far by this process and the route's node processes.
+  double CpuSeconds() const {
+    double s = SelfCpuSeconds();
+    for (const auto& n : nodes_) s += ProcessCpuSeconds(n->pid());
+    return s;
+  }
 
  private:
   std::shared_ptr<const gguf::GgufFile> file_;
@@ -228,6 +259,7 @@ std::vector<std::vector<int32_t>> Prompts(int n) {
 struct Figures {
   double tokens_per_s = 0;
   double itl_p50 = 0, itl_p99 = 0;
+  double tokens_per_cpu_s = 0;  // all processes of the route
 };
 std::map<std::string, Figures>& Measured() {  // "type/route/n" -> figures
   static std::map<std::string, Figures> m;
@@ -239,9 +271,12 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   mesh::GenerateOptions o;
   o.max_tokens = Flags().tokens;
   mesh::MultiSessionReport r;
+  double cpu_s = 0;
   for (auto _ : state) {
     mesh::MultiSessionDriver driver(route.provider(), {});
+    const double cpu0 = route.CpuSeconds();
     r = driver.Run(Prompts(n), o);
+    cpu_s = route.CpuSeconds() - cpu0;
     state.SetIterationTime(r.wall_s);
   }
   if (r.failed() > 0) {
@@ -252,7 +287,8 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   }
   const std::vector<double> gaps = r.InterTokenGaps();
   const std::vector<double> ttft = r.TimesToFirstToken();
-  Figures f{r.TokensPerSecond(), mesh::Percentile(gaps, 0.5), mesh::Percentile(gaps, 0.99)};
+  Figures f{r.TokensPerSecond(), mesh::Percentile(gaps, 0.5), mesh::Percentile(gaps, 0.99),
+            cpu_s > 0 ? static_cast<double>(r.TotalTokens()) / cpu_s : 0};
   Measured()[type + "/" + kind + "/" + std::to_string(n)] = f;
   state.counters["tok_per_s"] = f.tokens_per_s;
   state.counters["itl_p50_ms"] = f.itl_p50 * 1e3;
@@ -260,6 +296,7 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   state.counters["ttft_p50_ms"] = mesh::Percentile(ttft, 0.5) * 1e3;
   state.counters["ttft_p99_ms"] = mesh::Percentile(ttft, 0.99) * 1e3;
   state.counters["tokens"] = static_cast<double>(r.TotalTokens());
+  state.counters["tok_per_cpu_s"] = f.tokens_per_cpu_s;
 }
 
 void BM_Ratios(benchmark::State& state, std::string type) {
@@ -275,6 +312,7 @@ void BM_Ratios(benchmark::State& state, std::string type) {
     const Figures* sixteen = get(route, 16);
     if (one == nullptr || sixteen == nullptr) continue;
     state.counters[route + "_16v1_tok"] = sixteen->tokens_per_s / one->tokens_per_s;
+    state.counters[route + "_16v1_tok_cpu"] = sixteen->tokens_per_cpu_s / one->tokens_per_cpu_s;
     state.counters[route + "_16v1_itl50"] = sixteen->itl_p50 / one->itl_p50;
     state.counters[route + "_16v1_itl99"] = sixteen->itl_p99 / one->itl_p99;
   }
