@@ -17,6 +17,7 @@
 #include "api/server.h"
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/flags.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
@@ -57,6 +58,7 @@ struct ApiFlags {
   int64_t ctx = 0;
   std::string chat_template;
   double grace_s = 10.0;
+  BatchFlags batch;
 };
 
 std::pair<std::string, int> ParseListen(const std::string& s) {
@@ -123,6 +125,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
     // Every admitted generation holds a session on every shard.
     mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.max_concurrent);
     mo.kv_config.Validate();
+    mo.batch = BatchOptionsFrom(f.batch);
     const int threads =
         f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
     r.pool = std::make_unique<ThreadPool>(threads);
@@ -261,6 +264,7 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
                   "Jinja chat template file (default: the GGUF's, else ChatML)");
   sub->add_option("--grace", f->grace_s, "Seconds in-flight requests get to finish on shutdown")
       ->capture_default_str();
+  AddBatchFlags(sub, &f->batch, "each in-process shard");
 }
 
 const CommandRegistrar kRegistrar(

@@ -18,4 +18,34 @@ CLI::Validator IntRange(int64_t lo, int64_t hi) {
       "INT in " + range);
 }
 
+std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std::string& whose) {
+  const std::string tokens = std::to_string(node::BatchOptions::kMaxTokens);
+  return {
+      sub->add_option("--max-batch-tokens", f->max_batch_tokens,
+                      "Token rows " + whose +
+                          " computes in one batched forward pass across "
+                          "sessions (1.." +
+                          tokens + ")")
+          ->capture_default_str(),
+      sub->add_option("--max-batch-sessions", f->max_batch_sessions,
+                      "Sessions batched in one forward pass (1 = no batching; 1.." +
+                          std::to_string(node::BatchOptions::kMaxSessions) + ")")
+          ->capture_default_str(),
+      sub->add_option("--prefill-chunk", f->prefill_chunk,
+                      "Prompt tokens of one session per batch: longer prompts run in chunks "
+                      "between other sessions' decode steps (1.." +
+                          tokens + ")")
+          ->capture_default_str(),
+  };
+}
+
+node::BatchOptions BatchOptionsFrom(const BatchFlags& f) {
+  node::BatchOptions o;
+  o.max_batch_tokens = f.max_batch_tokens;
+  o.max_batch_sessions = f.max_batch_sessions;
+  o.prefill_chunk = f.prefill_chunk;
+  o.Validate();
+  return o;
+}
+
 }  // namespace meshnet::cli

@@ -56,6 +56,7 @@ struct GenerateFlags {
   int sessions = 0;              // --sessions: the load mode (0: not given)
   bool load = false;             // --sessions was given
   std::string in_process_flags;  // in-process-only flags given, e.g. "--split"
+  BatchFlags batch;
 };
 
 using LogitsFile = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
@@ -109,9 +110,10 @@ int RunGenerate(const GenerateFlags& f) {
   }
   CheckLoadFlags(f);
   if (!f.nodes.empty() && !f.in_process_flags.empty()) {
-    ThrowInvalidArgument(f.in_process_flags +
-                         " set the in-process shards; with --nodes each node has its own "
-                         "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads)");
+    ThrowInvalidArgument(
+        f.in_process_flags +
+        " set the in-process shards; with --nodes each node has its own "
+        "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads, --max-batch-*)");
   }
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
@@ -151,6 +153,7 @@ int RunGenerate(const GenerateFlags& f) {
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.sessions);
     mo.kv_config.Validate();
+    mo.batch = BatchOptionsFrom(f.batch);
     const int threads =
         f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
     pool = std::make_unique<ThreadPool>(threads);
@@ -288,9 +291,13 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--timeout", f->timeout_s,
                        "Per-call deadline in seconds for --nodes (at most a year is used)")
            ->capture_default_str();
+       std::vector<CLI::Option*> in_process = {shards, split, budget, dtype, threads};
+       for (CLI::Option* o : AddBatchFlags(sub, &f->batch, "each in-process shard")) {
+         in_process.push_back(o);
+       }
        sub->callback([=] {
          f->load = sessions->count() > 0;
-         for (const CLI::Option* o : {shards, split, budget, dtype, threads}) {
+         for (const CLI::Option* o : in_process) {
            if (o->count() == 0) continue;
            f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
          }

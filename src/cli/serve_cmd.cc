@@ -57,6 +57,7 @@ struct ServeFlags {
   int64_t admission_queue = 16;
   double active_window_s = 30.0;
   int max_calls_per_peer = 32;
+  BatchFlags batch;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -98,6 +99,7 @@ int RunServe(const ServeFlags& f) {
   kv_config.block_tokens = f.block_tokens;
   kv_config.Validate();
   const KvDtype kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
+  const node::BatchOptions batch = BatchOptionsFrom(f.batch);
 
   rpc::NodeServerOptions options;
   options.listen = f.listen;
@@ -126,6 +128,7 @@ int RunServe(const ServeFlags& f) {
   node_options.layers = range;
   node_options.kv_dtype = kv_dtype;
   node_options.kv_config = kv_config;
+  node_options.batch = batch;
   node::Node node(file, node_options, &pool);
   CheckBlockFitsBudget(node.manager().recipe(), kv_config);
   rpc::NodeServer server(&node, options);
@@ -216,6 +219,7 @@ const CommandRegistrar kRegistrar(
                        "Concurrent Step/Truncate calls one client address may have")
            ->capture_default_str()
            ->check(IntRange(1, kMaxRpcThreads));
+       AddBatchFlags(sub, &f->batch, "this node");
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 

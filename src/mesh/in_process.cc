@@ -30,6 +30,7 @@ InProcessMesh::InProcessMesh(std::shared_ptr<const gguf::GgufFile> file,
   node::NodeOptions no;
   no.kv_dtype = options.kv_dtype;
   no.kv_config = options.kv_config;
+  no.batch = options.batch;
   no.model_id = node::ModelIdentity(*file);  // once for every node
   std::vector<std::optional<node::LayerRange>> split(options.split.begin(), options.split.end());
   if (split.empty()) split.emplace_back();  // one node of every layer

@@ -45,6 +45,7 @@ struct InProcessMeshOptions {
   std::vector<node::LayerRange> split;  // empty: one shard
   KvDtype kv_dtype = KvDtype::kF32;
   kv::HotKvStateConfig kv_config;
+  node::BatchOptions batch;  // each node's batching of concurrent steps
 };
 
 class InProcessMesh {

@@ -30,6 +30,7 @@ Node::Node(std::shared_ptr<const gguf::GgufFile> file, const NodeOptions& option
   manager_ = std::make_unique<kv::HotKvStateManager>(shard_->MakeRecipe(options.kv_dtype),
                                                      options.kv_config);
   adapter_ = std::make_unique<shard::KvBoundaryAdapter>(shard_.get(), manager_.get());
+  batcher_ = std::make_unique<Batcher>(shard_.get(), options.batch);
 }
 
 Node::~Node() = default;
@@ -61,11 +62,15 @@ StepResult Node::Step(StepRequest& request) {
   shard::StepInput input;
   input.token_ids = TokensOf(request);
   if (request.bundle) input.bundle = &*request.bundle;
-  if (request.prefill) {
-    return adapter_->Prefill(request.session_id, request.route_epoch, input, request.sampling);
-  }
-  return adapter_->Decode(request.session_id, request.route_epoch, input, request.expected_seq_len,
-                          request.sampling);
+  shard::BeginResult begun =
+      request.prefill
+          ? adapter_->BeginPrefill(request.session_id, request.route_epoch, input, request.sampling)
+          : adapter_->BeginDecode(request.session_id, request.route_epoch, input,
+                                  request.expected_seq_len, request.sampling);
+  if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
+  shard::PendingStep& pending = std::get<shard::PendingStep>(begun);
+  batcher_->Run(&pending, request.session_id);
+  return adapter_->Finish(pending);
 }
 
 bool Node::Release(const std::string& session_id, int64_t route_epoch) {

@@ -19,6 +19,7 @@
 
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
+#include "node/batcher.h"
 #include "node/layer_range.h"
 #include "node/step.h"
 #include "shard/kv_boundary_adapter.h"
@@ -36,6 +37,7 @@ struct NodeOptions {
   KvDtype kv_dtype = KvDtype::kF32;
   kv::HotKvStateConfig kv_config;
   std::string model_id;  // empty: ModelIdentity(file)
+  BatchOptions batch;    // how concurrent steps are batched (node/batcher.h)
 };
 
 class Node {
@@ -54,6 +56,7 @@ class Node {
   const shard::LlamaShard& shard() const { return *shard_; }
   kv::HotKvStateManager& manager() const { return *manager_; }
   shard::KvBoundaryAdapter& adapter() { return *adapter_; }
+  Batcher& batcher() { return *batcher_; }
   const shard::KvBoundaryAdapter& adapter() const { return *adapter_; }
 
   ShardInfo Info() const;
@@ -61,8 +64,10 @@ class Node {
   // sampling) without touching any state; throws what Step would throw for it.
   // Returns the number of positions the step adds.
   int64_t Validate(const StepRequest& request) const;
-  // Runs one step (prefill opens a fresh context first). A CacheMiss is a
-  // value. Takes the bundle's residual buffer over.
+  // Runs one step (prefill opens a fresh context first), batched with other
+  // sessions' concurrent steps (node/batcher.h); checks, reservation, commit
+  // and sampling stay on the calling thread. A CacheMiss is a value. Takes
+  // the bundle's residual buffer over.
   StepResult Step(StepRequest& request);
   // Drops the session's state at this epoch; whether it was held. Throws
   // kInvalidArgument for a malformed key.
@@ -73,6 +78,7 @@ class Node {
   std::unique_ptr<shard::LlamaShard> shard_;
   std::unique_ptr<kv::HotKvStateManager> manager_;
   std::unique_ptr<shard::KvBoundaryAdapter> adapter_;
+  std::unique_ptr<Batcher> batcher_;
 };
 
 }  // namespace meshnet::node

@@ -3,6 +3,7 @@
 // the embedding lookup.
 #include "ops/nn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -96,6 +97,40 @@ void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedK
     pool->ParallelFor(items, [&](int64_t b, int64_t e) { internal::AttentionItems(a, b, e); });
   } else {
     internal::AttentionItems(a, 0, items);
+  }
+}
+
+void AttentionBatch(const AttentionSeq* seqs, int64_t n_seqs, const AttentionConfig& cfg,
+                    ThreadPool* pool) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) total += seqs[i].n_tokens * seqs[i].kv->n_kv_heads;
+  const float scale =
+      cfg.scale != 0.0f ? cfg.scale : static_cast<float>(1.0 / std::sqrt(cfg.head_dim));
+  // Items [begin, end) of the concatenated item space, sequence by sequence.
+  auto run = [&](int64_t begin, int64_t end) {
+    int64_t base = 0;
+    for (int64_t i = 0; i < n_seqs && base < end; ++i) {
+      const AttentionSeq& s = seqs[i];
+      const int64_t items = s.n_tokens * s.kv->n_kv_heads;
+      const int64_t b = std::max(begin, base), e = std::min(end, base + items);
+      if (b < e) {
+        internal::AttentionArgs a;
+        a.q = s.q;
+        a.start_pos = s.start_pos;
+        a.kv = s.kv;
+        a.n_heads = cfg.n_heads;
+        a.head_dim = cfg.head_dim;
+        a.scale = scale;
+        a.out = s.out;
+        internal::AttentionItems(a, b - base, e - base);
+      }
+      base += items;
+    }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(total, run);
+  } else {
+    run(0, total);
   }
 }
 

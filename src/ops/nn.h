@@ -75,6 +75,20 @@ inline constexpr int kMaxHeadDim = 512;
 void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedKvLayer& kv,
                const AttentionConfig& cfg, float* out, ThreadPool* pool);
 
+// One sequence of a batched attention: Attention's arguments for one session.
+struct AttentionSeq {
+  const float* q = nullptr;
+  int64_t n_tokens = 0;
+  int64_t start_pos = 0;
+  const PagedKvLayer* kv = nullptr;
+  float* out = nullptr;
+};
+// Attention of every sequence (each against its own KV), as one parallel job
+// over all their (token, KV head) items: the same results as one Attention
+// call per sequence, with one pool wake-up instead of one per sequence.
+void AttentionBatch(const AttentionSeq* seqs, int64_t n_seqs, const AttentionConfig& cfg,
+                    ThreadPool* pool);
+
 // ---- Scalar references (double accumulation; for tests) ----
 void RmsNormReference(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
                       float* out);

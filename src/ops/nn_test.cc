@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -302,6 +303,48 @@ TEST(Attention, MatchesReferenceOverPagedLayouts) {
       CheckAttention(c, &pool);
     }
   });
+}
+
+// AttentionBatch over sequences of different lengths, starts and KV layouts
+// gives exactly what one Attention call per sequence gives.
+TEST(Attention, BatchEqualsOneCallPerSequence) {
+  ThreadPool pool(2);
+  const int n_heads = 8, n_kv = 2, hd = 16;
+  const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd;
+  struct Seq {
+    int64_t start, n;
+    int block_tokens;
+  };
+  const std::vector<Seq> shapes = {{0, 5, 4}, {9, 1, 16}, {3, 1, 1}, {30, 7, 8}, {0, 1, 2}};
+  std::vector<std::unique_ptr<PagedKv>> kvs;
+  std::vector<std::vector<float>> qs, want;
+  std::vector<AttentionSeq> seqs;
+  const AttentionConfig cfg{n_heads, hd, 0.0f};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Seq& sh = shapes[i];
+    const int64_t n_pos = sh.start + sh.n;
+    kvs.push_back(std::make_unique<PagedKv>(n_pos, sh.block_tokens, 1, 0, n_kv, hd, KvDtype::kF16));
+    const auto keys = Random(n_pos * kv_dim, 20 + static_cast<int>(i), 1.5f);
+    const auto values = Random(n_pos * kv_dim, 40 + static_cast<int>(i));
+    for (int64_t p = 0; p < n_pos; ++p) {
+      StoreKvRow(kvs[i]->layer, true, p, keys.data() + p * kv_dim);
+      StoreKvRow(kvs[i]->layer, false, p, values.data() + p * kv_dim);
+    }
+    qs.push_back(Random(sh.n * q_dim, 60 + static_cast<int>(i), 1.5f));
+    want.emplace_back(static_cast<size_t>(sh.n * q_dim));
+    Attention(qs[i].data(), sh.n, sh.start, kvs[i]->layer, cfg, want[i].data(), nullptr);
+  }
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    std::vector<std::vector<float>> got;
+    seqs.clear();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      got.emplace_back(want[i].size(), -1.0f);
+      seqs.push_back({qs[i].data(), shapes[i].n, shapes[i].start, &kvs[i]->layer, nullptr});
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) seqs[i].out = got[i].data();
+    AttentionBatch(seqs.data(), static_cast<int64_t>(seqs.size()), cfg, p);
+    for (size_t i = 0; i < shapes.size(); ++i) EXPECT_EQ(got[i], want[i]) << "sequence " << i;
+  }
 }
 
 TEST(Attention, SinglePositionReturnsItsValueAndEqualKeysAverage) {

@@ -25,20 +25,40 @@ KvBoundaryAdapter::KvBoundaryAdapter(const LlamaShard* shard, kv::HotKvStateMana
   }
 }
 
-StepOutput KvBoundaryAdapter::Prefill(std::string_view session_id, int64_t route_epoch,
-                                      const StepInput& input, const SamplingContract& sampling) {
+BeginResult KvBoundaryAdapter::BeginPrefill(std::string_view session_id, int64_t route_epoch,
+                                            const StepInput& input,
+                                            const SamplingContract& sampling) {
   // Validate the input before Open() replaces anything: a contract violation
   // must leave the node's state as it was.
   Validate(input.token_ids, input.bundle, 0, sampling);
   manager_->Open(session_id, route_epoch, &recipe_);
-  return RunStep(session_id, route_epoch, input, 0, sampling);
+  return Begin(session_id, route_epoch, input, 0, sampling);
+}
+
+BeginResult KvBoundaryAdapter::BeginDecode(std::string_view session_id, int64_t route_epoch,
+                                           const StepInput& input,
+                                           std::optional<int64_t> expected_seq_len,
+                                           const SamplingContract& sampling) {
+  return Begin(session_id, route_epoch, input, expected_seq_len, sampling);
+}
+
+StepOutput KvBoundaryAdapter::Prefill(std::string_view session_id, int64_t route_epoch,
+                                      const StepInput& input, const SamplingContract& sampling) {
+  return Run(BeginPrefill(session_id, route_epoch, input, sampling));
 }
 
 StepOutput KvBoundaryAdapter::Decode(std::string_view session_id, int64_t route_epoch,
                                      const StepInput& input,
                                      std::optional<int64_t> expected_seq_len,
                                      const SamplingContract& sampling) {
-  return RunStep(session_id, route_epoch, input, expected_seq_len, sampling);
+  return Run(BeginDecode(session_id, route_epoch, input, expected_seq_len, sampling));
+}
+
+StepOutput KvBoundaryAdapter::Run(BeginResult begun) {
+  if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
+  PendingStep& p = std::get<PendingStep>(begun);
+  shard_->Forward(p.hidden.data(), p.n_new, p.step);
+  return Finish(p);
 }
 
 int64_t KvBoundaryAdapter::Validate(std::optional<std::span<const int32_t>> token_ids,
@@ -91,12 +111,11 @@ void KvBoundaryAdapter::CheckContext(int64_t start, int64_t n_new) const {
   }
 }
 
-StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route_epoch,
-                                      const StepInput& input,
-                                      std::optional<int64_t> expected_seq_len,
-                                      const SamplingContract& sampling) {
-  const model::LlamaHParams& hp = shard_->hparams();
-  const int64_t n_embd = hp.n_embd;
+BeginResult KvBoundaryAdapter::Begin(std::string_view session_id, int64_t route_epoch,
+                                     const StepInput& input,
+                                     std::optional<int64_t> expected_seq_len,
+                                     const SamplingContract& sampling) {
+  const int64_t n_embd = shard_->hparams().n_embd;
   // 1. The boundary contract, checked before the KV state is touched.
   const int64_t n_new = Validate(input.token_ids, input.bundle, expected_seq_len, sampling);
 
@@ -104,35 +123,46 @@ StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route
   kv::StepResult begun =
       manager_->BeginStep(session_id, route_epoch, n_new, &recipe_, expected_seq_len);
   if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
-  kv::KvStep step = std::move(std::get<kv::KvStep>(begun));
-  const int64_t start = step.start_pos();
+  PendingStep p;
+  p.step = std::move(std::get<kv::KvStep>(begun));
+  p.n_new = n_new;
+  p.sampling = sampling;
+  const int64_t start = p.step.start_pos();
   CheckContext(start, n_new);  // not committed: the reserved rows are given back
   if (!role_.is_head() && input.bundle->positions[0] != start) {
     Contract("boundary positions start at " + std::to_string(input.bundle->positions[0]) +
              " but this shard holds " + std::to_string(start) + " positions");
   }
 
-  // 3. Compute in place over the residual (n_new, n_embd).
-  std::vector<float> hidden;
+  // 3. The residual (n_new, n_embd) the layers compute in place.
   if (role_.is_head()) {
-    hidden.resize(static_cast<size_t>(n_new * n_embd));
-    shard_->Embed(*input.token_ids, hidden.data());
+    p.hidden.resize(static_cast<size_t>(n_new * n_embd));
+    shard_->Embed(*input.token_ids, p.hidden.data());
   } else {
-    hidden = std::move(input.bundle->residual);
+    p.hidden = std::move(input.bundle->residual);
     input.bundle->residual.clear();
   }
-  shard_->Forward(hidden.data(), n_new, step);
+  return p;
+}
 
+StepOutput KvBoundaryAdapter::Finish(PendingStep& p) const {
+  const model::LlamaHParams& hp = shard_->hparams();
+  const int64_t n_embd = hp.n_embd;
+  const int64_t start = p.step.start_pos();
+  const int64_t n_new = p.n_new;
   // 4. Publish the new K/V; the state may have died meanwhile.
-  if (std::optional<kv::CacheMiss> miss = step.Commit()) return std::move(*miss);
+  if (std::optional<kv::CacheMiss> miss = p.step.Commit()) return std::move(*miss);
 
   if (role_.is_tail()) {
     // Only the last row reaches the head (prunes_rows_at_tail); the final norm
     // is applied inside Logits (normalizes_before_head).
     TailOutput out;
-    out.logits.resize(hp.vocab_size);
-    shard_->Logits(hidden.data() + (n_new - 1) * n_embd, out.logits.data());
-    out.token_id = sampling.Sample(out.logits, start + n_new);
+    if (!p.logits_ready) {
+      p.logits.resize(hp.vocab_size);
+      shard_->Logits(p.hidden.data() + (n_new - 1) * n_embd, p.logits.data());
+    }
+    out.logits = std::move(p.logits);
+    out.token_id = p.sampling.Sample(out.logits, start + n_new);
     return out;
   }
   BoundaryBundle out;
@@ -141,7 +171,7 @@ StepOutput KvBoundaryAdapter::RunStep(std::string_view session_id, int64_t route
   out.tensor_name = arch().boundary_tensor_name;
   out.n_tokens = n_new;
   out.n_embd = n_embd;
-  out.residual = std::move(hidden);
+  out.residual = std::move(p.hidden);
   out.positions.resize(n_new);
   for (int64_t i = 0; i < n_new; ++i) out.positions[i] = start + i;
   out.next_layer = role_.end_layer + 1;

@@ -20,6 +20,7 @@
 #include <span>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "kv/cache_miss.h"
 #include "kv/hot_kv_state.h"
@@ -39,6 +40,21 @@ struct StepInput {
 
 using StepOutput = std::variant<BoundaryBundle, TailOutput, kv::CacheMiss>;
 
+// A step whose KV rows are reserved and whose input residual is ready: what a
+// (batched) forward pass computes between Begin* and Finish. Move-only (it
+// holds the KvStep; dropping it unfinished rolls the rows back).
+struct PendingStep {
+  kv::KvStep step;
+  std::vector<float> hidden;  // (n_new, n_embd): input residual, computed in place
+  int64_t n_new = 0;
+  SamplingContract sampling;
+  // Tail: the logits of the last row, when the computation produced them
+  // (a batch runs the LM head over every finished session at once).
+  std::vector<float> logits;
+  bool logits_ready = false;
+};
+using BeginResult = std::variant<PendingStep, kv::CacheMiss>;
+
 class KvBoundaryAdapter {
  public:
   // `shard` and `manager` must outlive the adapter. Throws
@@ -57,6 +73,19 @@ class KvBoundaryAdapter {
   StepOutput Decode(std::string_view session_id, int64_t route_epoch, const StepInput& input,
                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
 
+  // The same steps in three parts, for a caller that runs the forward pass
+  // itself (node::Batcher): Begin* checks the input, reserves the rows and
+  // prepares the residual (a CacheMiss when the state is gone); the caller
+  // runs the owned layers over pending.hidden (LlamaShard::Forward or
+  // ForwardBatch) and, at the tail, may fill pending.logits; Finish commits
+  // and builds the output (a CacheMiss if the state died meanwhile).
+  BeginResult BeginPrefill(std::string_view session_id, int64_t route_epoch, const StepInput& input,
+                           const SamplingContract& sampling);
+  BeginResult BeginDecode(std::string_view session_id, int64_t route_epoch, const StepInput& input,
+                          std::optional<int64_t> expected_seq_len,
+                          const SamplingContract& sampling);
+  StepOutput Finish(PendingStep& pending) const;
+
   // The boundary contract, checked before any state is touched: the input the
   // role takes (kBoundaryContract), token ids inside the vocabulary
   // (kInvalidArgument), the bundle against this shard (positions from
@@ -69,8 +98,9 @@ class KvBoundaryAdapter {
   // kInvalidArgument when positions start..start+n_new-1 pass the model's
   // context_length.
   void CheckContext(int64_t start, int64_t n_new) const;
-  StepOutput RunStep(std::string_view session_id, int64_t route_epoch, const StepInput& input,
-                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
+  BeginResult Begin(std::string_view session_id, int64_t route_epoch, const StepInput& input,
+                    std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
+  StepOutput Run(BeginResult begun);
   const CertifiedArchitecture& arch() const { return shard_->arch(); }
   const LlamaShard* shard_;
   kv::HotKvStateManager* manager_;

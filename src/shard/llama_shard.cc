@@ -16,15 +16,23 @@ namespace meshnet::shard {
 // Scratch of one in-flight step; sized for `capacity` tokens.
 struct LlamaShard::Workspace {
   int64_t capacity = 0;
-  std::vector<float> xb;    // (n, n_embd)   normed input of a sublayer
-  std::vector<float> q;     // (n, q_dim)
-  std::vector<float> k;     // (n, kv_dim)
-  std::vector<float> v;     // (n, kv_dim)
-  std::vector<float> att;   // (n, q_dim)    attention output, pre-Wo
-  std::vector<float> proj;  // (n, n_embd)   Wo / Wdown output
-  std::vector<float> gate;  // (n, n_ff)
-  std::vector<float> up;    // (n, n_ff)
-  std::vector<uint8_t> mm;  // MatMul scratch (activation quantization)
+  std::vector<float> xb;                // (n, n_embd)   normed input of a sublayer
+  std::vector<float> q;                 // (n, q_dim)
+  std::vector<float> k;                 // (n, kv_dim)
+  std::vector<float> v;                 // (n, kv_dim)
+  std::vector<float> att;               // (n, q_dim)    attention output, pre-Wo
+  std::vector<float> proj;              // (n, n_embd)   Wo / Wdown output
+  std::vector<float> gate;              // (n, n_ff)
+  std::vector<float> up;                // (n, n_ff)
+  std::vector<uint8_t> mm;              // MatMul scratch (activation quantization)
+  std::vector<ops::PagedKvLayer> kv;    // per slice: its KV view of the current layer
+  std::vector<ops::AttentionSeq> seqs;  // per slice: its attention arguments
+
+  void ReserveSlices(size_t n) {
+    if (kv.size() >= n) return;
+    kv.resize(std::max(n, kv.size() * 2));
+    seqs.resize(kv.size());
+  }
 
   void Reserve(const model::LlamaHParams& hp, int64_t n) {
     if (n <= capacity) return;
@@ -131,23 +139,55 @@ void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const
   // within one layer of one chunk (shard/step_cancel.h).
   const int64_t d = hparams_.n_embd;
   for (int64_t c = 0; c < n; c += kPrefillChunk) {
-    ForwardChunk(hidden + c * d, std::min(kPrefillChunk, n - c), step, step.start_pos() + c);
+    const BatchSlice slice{&step, step.start_pos() + c, std::min(kPrefillChunk, n - c)};
+    ForwardRows(hidden + c * d, slice.n, {&slice, 1}, /*check_cancel=*/true);
   }
 }
 
-void LlamaShard::ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step,
-                              int64_t start) const {
+void LlamaShard::ForwardBatch(float* hidden, std::span<const BatchSlice> slices) const {
+  int64_t n = 0;
+  for (const BatchSlice& s : slices) n += s.n;
+  ForwardRows(hidden, n, slices, /*check_cancel=*/false);
+}
+
+// RoPE, the K/V stores and attention of one layer, slice by slice over the
+// workspace's q/k/v rows; attention of every slice as one parallel job.
+void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
+                        std::span<const BatchSlice> slices) const {
   const model::LlamaHParams& hp = hparams_;
-  const int64_t d = hp.n_embd;
   const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f,
                              hp.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
+  const int64_t q_dim = hp.q_dim(), kv_dim = hp.kv_dim();
+  int64_t row = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const BatchSlice& s = slices[i];
+    float* q = ws.q.data() + row * q_dim;
+    float* k = ws.k.data() + row * kv_dim;
+    const float* v = ws.v.data() + row * kv_dim;
+    ops::Rope(q, s.n, hp.n_heads, hp.head_dim, rope, s.start);
+    ops::Rope(k, s.n, hp.n_kv_heads, hp.head_dim, rope, s.start);
+    ws.kv[i] = s.step->Layer(lw.layer);
+    for (int64_t t = 0; t < s.n; ++t) {  // the step's reserved rows
+      ops::StoreKvRow(ws.kv[i], /*key=*/true, s.start + t, k + t * kv_dim);
+      ops::StoreKvRow(ws.kv[i], /*key=*/false, s.start + t, v + t * kv_dim);
+    }
+    ws.seqs[i] = {q, s.n, s.start, &ws.kv[i], ws.att.data() + row * q_dim};
+    row += s.n;
+  }
   const ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
+  ops::AttentionBatch(ws.seqs.data(), static_cast<int64_t>(slices.size()), attn, pool_);
+}
+
+void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlice> slices,
+                             bool check_cancel) const {
+  const model::LlamaHParams& hp = hparams_;
+  const int64_t d = hp.n_embd;
   std::unique_ptr<Workspace> ws = Acquire(n);
+  ws->ReserveSlices(slices.size());
   float* xb = ws->xb.data();
   void* mm = ws->mm.data();
   for (const model::LayerWeights& lw : weights_.layers()) {
-    if (StepCancelled()) break;  // thrown below, once the workspace is back
-    const ops::PagedKvLayer kv = step.Layer(lw.layer);
+    if (check_cancel && StepCancelled()) break;  // thrown below, once the workspace is back
     // ---- attention ----
     ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
     ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);     // (n, q_dim)
@@ -156,14 +196,8 @@ void LlamaShard::ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step,
     AddBias(ws->q.data(), lw.bq, n, hp.q_dim());
     AddBias(ws->k.data(), lw.bk, n, hp.kv_dim());
     AddBias(ws->v.data(), lw.bv, n, hp.kv_dim());
-    ops::Rope(ws->q.data(), n, hp.n_heads, hp.head_dim, rope, start);
-    ops::Rope(ws->k.data(), n, hp.n_kv_heads, hp.head_dim, rope, start);
-    for (int64_t t = 0; t < n; ++t) {  // the step's reserved rows
-      ops::StoreKvRow(kv, /*key=*/true, start + t, ws->k.data() + t * hp.kv_dim());
-      ops::StoreKvRow(kv, /*key=*/false, start + t, ws->v.data() + t * hp.kv_dim());
-    }
-    ops::Attention(ws->q.data(), n, start, kv, attn, ws->att.data(), pool_);  // (n, q_dim)
-    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);     // (n, n_embd)
+    Attend(*ws, lw, slices);                                               // (n, q_dim)
+    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
     // ---- feed-forward (SwiGLU) ----
     ops::RmsNorm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);       // (n, n_embd)
@@ -174,7 +208,7 @@ void LlamaShard::ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step,
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
   }
   Return(std::move(ws));
-  ThrowIfStepCancelled();
+  if (check_cancel) ThrowIfStepCancelled();
 }
 
 void LlamaShard::Logits(const float* hidden_row, float* logits) const {
@@ -186,6 +220,18 @@ void LlamaShard::Logits(const float* hidden_row, float* logits) const {
   ops::RmsNorm(hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps,
                ws->xb.data());
   ops::MatMul(W(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);  // (vocab)
+  Return(std::move(ws));
+}
+
+void LlamaShard::LogitsRows(const float* hidden_rows, int64_t n, float* logits) const {
+  if (!role_.is_tail()) {
+    throw Error(ErrorKind::kBoundaryContract,
+                "only the tail shard owns the final norm and LM head");
+  }
+  std::unique_ptr<Workspace> ws = Acquire(n);
+  ops::RmsNorm(hidden_rows, weights_.output_norm(), n, hparams_.n_embd, hparams_.rms_eps,
+               ws->xb.data());
+  ops::MatMul(W(weights_.output()), ws->xb.data(), n, logits, ws->mm.data(), pool_);  // (n, vocab)
   Return(std::move(ws));
 }
 

@@ -39,6 +39,15 @@ class ThreadPool;
 
 namespace meshnet::shard {
 
+// One session's rows in a batched forward pass: `n` consecutive rows of the
+// stacked hidden state at positions start .. start+n-1 of `step`'s session
+// (whose K/V rows for them are reserved by the step).
+struct BatchSlice {
+  const kv::KvStep* step = nullptr;
+  int64_t start = 0;
+  int64_t n = 0;
+};
+
 class LlamaShard {
  public:
   // Loads the owned layers [start_layer, end_layer] (inclusive) of `file`.
@@ -64,12 +73,27 @@ class LlamaShard {
   // caller does not commit the step).
   void Forward(float* hidden, int64_t n_tokens, const kv::KvStep& step) const;
   static constexpr int64_t kPrefillChunk = 256;
+  // The batched forward pass over the stacked rows of several sessions:
+  // hidden (sum of slices' n, n_embd), slice after slice. The matmuls run over
+  // all rows at once; RoPE, the K/V stores and attention run per slice against
+  // that slice's own KV. Row for row the same as Forward of each slice alone
+  // (up to the matmul kernels' summation order for n > 1). Does not check
+  // StepCancelled (the caller decides per session between batches); the
+  // total rows must be >= 1. No error paths.
+  void ForwardBatch(float* hidden, std::span<const BatchSlice> slices) const;
   // Tail only: logits (vocab) of one residual row (n_embd): final norm + LM head.
   void Logits(const float* hidden_row, float* logits) const;
+  // Tail only: logits (n, vocab) of n residual rows (n, n_embd), as one matmul.
+  void LogitsRows(const float* hidden_rows, int64_t n, float* logits) const;
 
  private:
   struct Workspace;
-  void ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step, int64_t start) const;
+  // The owned layers over `n` stacked rows split into `slices`; stops before
+  // a layer when `check_cancel` and StepCancelled().
+  void ForwardRows(float* hidden, int64_t n, std::span<const BatchSlice> slices,
+                   bool check_cancel) const;
+  void Attend(Workspace& ws, const model::LayerWeights& lw,
+              std::span<const BatchSlice> slices) const;
   std::unique_ptr<Workspace> Acquire(int64_t n_tokens) const;
   void Return(std::unique_ptr<Workspace> ws) const;
 

@@ -15,6 +15,8 @@ ScopedStepCancel::ScopedStepCancel(std::function<bool()> cancelled)
 
 ScopedStepCancel::~ScopedStepCancel() { t_check = outer_; }
 
+const std::function<bool()>* CurrentStepCancel() { return t_check; }
+
 bool StepCancelled() { return t_check != nullptr && (*t_check)(); }
 
 void ThrowIfStepCancelled() {

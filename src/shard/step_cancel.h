@@ -29,6 +29,10 @@ class ScopedStepCancel {
   const std::function<bool()>* outer_;
 };
 
+// This thread's check (null without a ScopedStepCancel), for a thread that
+// runs the step on this thread's behalf (node::Batcher): valid while the
+// ScopedStepCancel lives; checks must be safe to call from any thread.
+const std::function<bool()>* CurrentStepCancel();
 // Whether this thread's step was cancelled (false without a ScopedStepCancel).
 bool StepCancelled();
 // Throws Error(kUnavailable) when StepCancelled().

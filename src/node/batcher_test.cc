@@ -1,0 +1,254 @@
+// Batched steps on the shipped stories260K model (5 layers): steps of several
+// sessions held back until all are queued (Batcher::Hold / WaitPending, no
+// sleeps), then run as one batch the observer sees; their logits agree with
+// the same steps run alone, a long prompt runs in chunks between other
+// sessions' decode steps, the limits and the FIFO order hold, and a cancelled
+// step leaves its batch without touching the others.
+#include "node/batcher.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "gguf/gguf_reader.h"
+#include "node/identity.h"
+#include "node/node.h"
+#include "shard/step_cancel.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace meshnet::node {
+namespace {
+
+std::shared_ptr<const gguf::GgufFile> File() {
+  static auto file =
+      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
+  return file;
+}
+
+StepRequest Prefill(const std::string& id, std::vector<int32_t> tokens) {
+  StepRequest r;
+  r.session_id = id;
+  r.session_secret = "s";
+  r.prefill = true;
+  r.token_ids = std::move(tokens);
+  return r;
+}
+
+StepRequest Decode(const std::string& id, int32_t token, int64_t seq_len) {
+  StepRequest r = Prefill(id, {token});
+  r.prefill = false;
+  r.expected_seq_len = seq_len;
+  return r;
+}
+
+std::vector<int32_t> PromptOf(int i, int n) {
+  std::vector<int32_t> p = {1};
+  for (int t = 1; t < n; ++t) p.push_back(static_cast<int32_t>(260 + (i * 37 + t * 11) % 240));
+  return p;
+}
+
+// Records every batch a node runs.
+struct Recorder {
+  explicit Recorder(Node& node) {
+    node.batcher().SetObserver([this](const BatchView& v) {
+      std::lock_guard<std::mutex> lock(mu);
+      batches.push_back(v);
+    });
+  }
+  std::vector<BatchView> Take() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::move(batches);
+  }
+  std::mutex mu;
+  std::vector<BatchView> batches;
+};
+
+// Runs `requests` on `node` from one thread each, queued in order while the
+// batcher is held, then released together.
+std::vector<StepResult> RunHeld(Node& node, std::vector<StepRequest> requests) {
+  std::vector<StepResult> out(requests.size());
+  std::vector<std::thread> threads;
+  node.batcher().Hold();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = node.Step(requests[i]); });
+    node.batcher().WaitPending(static_cast<int64_t>(i) + 1);  // queued in this order
+  }
+  node.batcher().Resume();
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+StepResult StepOf(Node& node, StepRequest r) { return node.Step(r); }
+
+const shard::TailOutput& Tail(const StepResult& r) { return std::get<shard::TailOutput>(r); }
+
+void ExpectLogitsNear(const StepResult& got, const StepResult& want, const std::string& what) {
+  ASSERT_TRUE(std::holds_alternative<shard::TailOutput>(got)) << what;
+  ASSERT_TRUE(std::holds_alternative<shard::TailOutput>(want)) << what;
+  const auto& g = Tail(got).logits;
+  const auto& w = Tail(want).logits;
+  ASSERT_EQ(g.size(), w.size()) << what;
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(w[i]));
+    max_diff = std::max(max_diff, std::fabs(g[i] - w[i]));
+  }
+  EXPECT_LE(max_diff, 1e-4f * std::max(1.0f, max_abs)) << what;
+  EXPECT_EQ(Tail(got).token_id, Tail(want).token_id) << what;
+}
+
+NodeOptions WholeModel(BatchOptions batch = {}) {
+  NodeOptions o;
+  o.kv_dtype = KvDtype::kF32;
+  o.kv_config.max_sessions = 64;
+  o.batch = batch;
+  return o;
+}
+
+// Prefills and three greedy decode rounds of 6 sessions, each round one batch,
+// against the same steps run one at a time on an unbatched node.
+TEST(Batcher, BatchedLogitsMatchUnbatchedWithinTolerance) {
+  ThreadPool pool(2);
+  Node node(File(), WholeModel(), &pool);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), &pool);
+  Recorder rec(node);
+  constexpr int kSessions = 6;
+  std::vector<std::string> ids;
+  std::vector<StepRequest> reqs;
+  for (int i = 0; i < kSessions; ++i) {
+    ids.push_back(RandomId128());
+    reqs.push_back(Prefill(ids[i], PromptOf(i, 3 + i)));
+  }
+  std::vector<int64_t> seq(kSessions);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<StepResult> want;
+    for (auto r : reqs) want.push_back(alone.Step(r));
+    const std::vector<StepResult> got = RunHeld(node, reqs);
+    const std::vector<BatchView> batches = rec.Take();
+    ASSERT_EQ(batches.size(), 1u) << "round " << round;
+    EXPECT_EQ(batches[0].session_ids, ids);
+    for (int i = 0; i < kSessions; ++i) {
+      ExpectLogitsNear(got[i], want[i],
+                       "round " + std::to_string(round) + " session " + std::to_string(i));
+      seq[i] += static_cast<int64_t>(reqs[i].token_ids.size());
+      reqs[i] = Decode(ids[i], Tail(want[i]).token_id, seq[i]);
+    }
+  }
+  EXPECT_EQ(node.batcher().stats().max_sessions.load(), kSessions);
+}
+
+// A 18-token prompt with prefill_chunk 4 runs in 5 batches; another session's
+// decode step queued behind it rides in the first one and is done then.
+TEST(Batcher, LongPromptRunsInChunksBetweenDecodeSteps) {
+  Node node(File(), WholeModel({.prefill_chunk = 4}), nullptr);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1, .prefill_chunk = 256}), nullptr);
+  Recorder rec(node);
+  const std::string p = RandomId128(), d = RandomId128();
+  const std::vector<int32_t> dprompt = PromptOf(1, 3);
+  ASSERT_TRUE(std::holds_alternative<shard::TailOutput>(StepOf(node, Prefill(d, dprompt))));
+  rec.Take();
+  const StepResult d0 = StepOf(alone, Prefill(d, dprompt));
+  const std::vector<StepResult> got =
+      RunHeld(node, {Prefill(p, PromptOf(2, 18)), Decode(d, Tail(d0).token_id, 3)});
+  ExpectLogitsNear(got[0], StepOf(alone, Prefill(p, PromptOf(2, 18))), "chunked prompt");
+  ExpectLogitsNear(got[1], StepOf(alone, Decode(d, Tail(d0).token_id, 3)), "decode beside it");
+  const std::vector<BatchView> b = rec.Take();
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[0].session_ids, (std::vector<std::string>{p, d}));
+  EXPECT_EQ(b[0].rows, (std::vector<int64_t>{4, 1}));
+  for (size_t i = 1; i < b.size(); ++i) {
+    EXPECT_EQ(b[i].session_ids, std::vector<std::string>{p});
+    EXPECT_EQ(b[i].rows, std::vector<int64_t>{i < 4 ? 4 : 2});
+  }
+}
+
+// max_batch_sessions 2 over 5 queued prefills: FIFO batches of 2, 2, 1; then
+// max_batch_tokens 5 over three 3-token prompts splits the second one.
+TEST(Batcher, LimitsAndArrivalOrder) {
+  Node node(File(), WholeModel({.max_batch_sessions = 2}), nullptr);
+  Recorder rec(node);
+  std::vector<std::string> ids;
+  std::vector<StepRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(RandomId128());
+    reqs.push_back(Prefill(ids[i], PromptOf(i, 4)));
+  }
+  for (const StepResult& r : RunHeld(node, reqs)) {
+    EXPECT_TRUE(std::holds_alternative<shard::TailOutput>(r));
+  }
+  std::vector<BatchView> b = rec.Take();
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].session_ids, (std::vector<std::string>{ids[0], ids[1]}));
+  EXPECT_EQ(b[1].session_ids, (std::vector<std::string>{ids[2], ids[3]}));
+  EXPECT_EQ(b[2].session_ids, (std::vector<std::string>{ids[4]}));
+
+  Node tokens(File(), WholeModel({.max_batch_tokens = 5}), nullptr);
+  Recorder trec(tokens);
+  reqs.resize(3);
+  for (int i = 0; i < 3; ++i) reqs[i] = Prefill(ids[i], PromptOf(i, 3));
+  RunHeld(tokens, reqs);
+  b = trec.Take();
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].session_ids, (std::vector<std::string>{ids[0], ids[1]}));
+  EXPECT_EQ(b[0].rows, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(b[1].session_ids, (std::vector<std::string>{ids[2], ids[1]}));
+  EXPECT_EQ(b[1].rows, (std::vector<int64_t>{3, 1}));
+}
+
+// A step whose caller cancelled leaves the queue with kUnavailable when the
+// batch forms; its rows are rolled back; the others in the queue run.
+TEST(Batcher, CancelledStepLeavesItsBatchAlone) {
+  Node node(File(), WholeModel(), nullptr);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), nullptr);
+  Recorder rec(node);
+  const std::string a = RandomId128(), c = RandomId128();
+  const StepResult a0 = StepOf(node, Prefill(a, PromptOf(0, 4)));
+  const StepResult c0 = StepOf(node, Prefill(c, PromptOf(1, 4)));
+  rec.Take();
+  node.batcher().Hold();
+  std::atomic<bool> cancel{false};
+  ErrorKind kind = ErrorKind::kInvalidArgument;
+  std::thread cancelled([&] {
+    shard::ScopedStepCancel scope([&] { return cancel.load(); });
+    try {
+      StepOf(node, Decode(c, Tail(c0).token_id, 4));
+    } catch (const Error& e) {
+      kind = e.kind();
+    }
+  });
+  node.batcher().WaitPending(1);
+  StepResult got;
+  std::thread other([&] { got = StepOf(node, Decode(a, Tail(a0).token_id, 4)); });
+  node.batcher().WaitPending(2);
+  cancel = true;
+  node.batcher().Resume();
+  cancelled.join();
+  other.join();
+  EXPECT_EQ(kind, ErrorKind::kUnavailable);
+  const std::vector<BatchView> b = rec.Take();
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].session_ids, std::vector<std::string>{a});
+  StepOf(alone, Prefill(a, PromptOf(0, 4)));
+  ExpectLogitsNear(got, StepOf(alone, Decode(a, Tail(a0).token_id, 4)), "the other session");
+  // The cancelled step was not committed: the session still holds 4 positions.
+  EXPECT_TRUE(
+      std::holds_alternative<shard::TailOutput>(StepOf(node, Decode(c, Tail(c0).token_id, 4))));
+}
+
+TEST(BatchOptions, RejectsOutOfRangeValues) {
+  EXPECT_NO_THROW(BatchOptions{}.Validate());
+  for (const BatchOptions& bad :
+       {BatchOptions{.max_batch_tokens = 0}, BatchOptions{.max_batch_sessions = 0},
+        BatchOptions{.prefill_chunk = 0}, BatchOptions{.max_batch_tokens = (1 << 16) + 1},
+        BatchOptions{.max_batch_sessions = 5000}}) {
+    EXPECT_THROW(bad.Validate(), Error);
+  }
+}
+
+}  // namespace
+}  // namespace meshnet::node
