@@ -21,7 +21,9 @@
 //    baseline's p99 (goal <= 2: chunked prefill).
 //
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
-// --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16
+// --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
+// inproc_nobatch and 3node_nobatch run with the nodes' batching off; Ratios then
+// adds <route>_16_batch_gain)
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=1. Each benchmark runs
 // one iteration (a run of many sessions is its own repetition).
 #include <benchmark/benchmark.h>
@@ -173,39 +175,44 @@ double ProcessCpuSeconds(pid_t pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// A route for one model: the in-process node or three serve processes.
+// A route for one model: the in-process node or three serve processes;
+// "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1).
 class Route {
  public:
-  Route(const std::string& type, const std::string& kind) {
+  Route(const std::string& type, const std::string& route_name) {
     const std::string path = ModelPath(type);
+    const bool nobatch = route_name.ends_with("_nobatch");
+    const std::string kind = route_name.substr(0, route_name.rfind("_nobatch"));
     if (kind == "inproc") {
       file_ = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
       pool_ = std::make_unique<ThreadPool>(2);
       mesh::InProcessMeshOptions mo;  // one node, every layer
       mo.kv_config.max_sessions = 256;
       mo.kv_config.budget_bytes = 1LL << 30;
+      if (nobatch) mo.batch.max_batch_sessions = 1;
       mesh_ = std::make_unique<mesh::InProcessMesh>(file_, mo, pool_.get());
       provider_ = std::make_unique<mesh::FixedRouteProvider>(mesh_->route());
       return;
     }
-    if (kind != "3node") throw std::runtime_error("unknown --mb_routes entry " + kind);
+    if (kind != "3node") throw std::runtime_error("unknown --mb_routes entry " + route_name);
     for (const char* layers : {"0-3", "4-7", "8-11"}) {
-      const std::vector<std::string> args = {"--model",
-                                             path,
-                                             "--layers",
-                                             layers,
-                                             "--listen",
-                                             "127.0.0.1:0",
-                                             "--threads",
-                                             std::to_string(Flags().node_threads),
-                                             "--max-sessions",
-                                             "256",
-                                             "--kv-budget",
-                                             "512MiB",
-                                             "--max-calls-per-peer",
-                                             "512",
-                                             "--rpc-threads",
-                                             "256"};
+      std::vector<std::string> args = {"--model",
+                                       path,
+                                       "--layers",
+                                       layers,
+                                       "--listen",
+                                       "127.0.0.1:0",
+                                       "--threads",
+                                       std::to_string(Flags().node_threads),
+                                       "--max-sessions",
+                                       "256",
+                                       "--kv-budget",
+                                       "512MiB",
+                                       "--max-calls-per-peer",
+                                       "512",
+                                       "--rpc-threads",
+                                       "256"};
+      if (nobatch) args.insert(args.end(), {"--max-batch-sessions", "1"});
       nodes_.push_back(std::make_unique<rpc::testing::NodeProcess>(
           MESHNET_BINARY, args, (Dir().path / (type + "-" + layers + ".log")).string()));
       addresses_.push_back(nodes_.back()->address());
@@ -315,6 +322,12 @@ void BM_Ratios(benchmark::State& state, std::string type) {
     state.counters[route + "_16v1_tok_cpu"] = sixteen->tokens_per_cpu_s / one->tokens_per_cpu_s;
     state.counters[route + "_16v1_itl50"] = sixteen->itl_p50 / one->itl_p50;
     state.counters[route + "_16v1_itl99"] = sixteen->itl_p99 / one->itl_p99;
+  }
+  for (const std::string& route : {"inproc", "3node"}) {
+    const Figures* on = get(route, 16);
+    const Figures* off = get(route + std::string("_nobatch"), 16);
+    if (on == nullptr || off == nullptr) continue;
+    state.counters[std::string(route) + "_16_batch_gain"] = on->tokens_per_s / off->tokens_per_s;
   }
   for (int n : Flags().sessions) {
     const Figures* in = get("inproc", n);
