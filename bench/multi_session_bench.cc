@@ -328,12 +328,16 @@ void BM_Ratios(benchmark::State& state, std::string type) {
     const Figures* off = get(route + std::string("_nobatch"), 16);
     if (on == nullptr || off == nullptr) continue;
     state.counters[std::string(route) + "_16_batch_gain"] = on->tokens_per_s / off->tokens_per_s;
+    state.counters[std::string(route) + "_16_batch_gain_cpu"] =
+        on->tokens_per_cpu_s / off->tokens_per_cpu_s;
   }
   for (int n : Flags().sessions) {
     const Figures* in = get("inproc", n);
     const Figures* three = get("3node", n);
     if (in == nullptr || three == nullptr) continue;
     state.counters["3node_vs_inproc_" + std::to_string(n)] = three->tokens_per_s / in->tokens_per_s;
+    state.counters["3node_vs_inproc_cpu_" + std::to_string(n)] =
+        three->tokens_per_cpu_s / in->tokens_per_cpu_s;
   }
 }
 
