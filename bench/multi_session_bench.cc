@@ -15,17 +15,18 @@
 //    (aggregate tokens/s; goal >= 6 once nodes batch), 3-node / in-process at 16
 //    sessions (goal >= 0.8), and inter-token p50/p99 at 16 sessions over 1
 //    (goal <= 3).
-//  * Mixed/<type>: on the in-process node, 8 sessions decode alone (baseline),
+//  * Mixed/<type>/<route>: 8 sessions decode alone (baseline),
 //    then 8 sessions decode while one --mb_long_prompt-token prompt is
 //    prefilled; p99 of the inter-token gaps that overlap the prefill over the
 //    baseline's p99 (goal <= 2: chunked prefill).
 //
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
-// inproc_nobatch and 3node_nobatch run with the nodes' batching off; Ratios then
-// adds <route>_16_batch_gain)
-// --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=1. Each benchmark runs
-// one iteration (a run of many sessions is its own repetition).
+// inproc_nobatch and 3node_nobatch run with the nodes' batching off, and
+// <route>_chunkN with --prefill-chunk N; Ratios then adds <route>_16_batch_gain)
+// --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
+// Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none). Each benchmark
+// runs one iteration (a run of many sessions is its own repetition).
 #include <benchmark/benchmark.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,7 +64,7 @@ struct BenchFlags {
   int tokens = 16;
   int long_prompt = 2000;
   int node_threads = 1;
-  bool mixed = true;
+  std::vector<std::string> mixed = {"inproc"};  // routes of the Mixed benchmark
 };
 
 BenchFlags& Flags() {
@@ -104,7 +105,7 @@ void ParseFlags(int* argc, char** argv) {
     } else if (const char* v = value("mb_node_threads")) {
       f.node_threads = std::stoi(v);
     } else if (const char* v = value("mb_mixed")) {
-      f.mixed = std::stoi(v) != 0;
+      f.mixed = std::string(v) == "0" ? std::vector<std::string>{} : SplitCsv(v);
     } else {
       argv[kept++] = argv[i];
     }
@@ -176,13 +177,16 @@ double ProcessCpuSeconds(pid_t pid) {
 }
 
 // A route for one model: the in-process node or three serve processes;
-// "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1).
+// "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),
+// "<route>_chunkN" sets their --prefill-chunk to N.
 class Route {
  public:
   Route(const std::string& type, const std::string& route_name) {
     const std::string path = ModelPath(type);
     const bool nobatch = route_name.ends_with("_nobatch");
-    const std::string kind = route_name.substr(0, route_name.rfind("_nobatch"));
+    const size_t chunk_at = route_name.find("_chunk");
+    const std::string chunk = chunk_at == std::string::npos ? "" : route_name.substr(chunk_at + 6);
+    const std::string kind = route_name.substr(0, route_name.find('_'));
     if (kind == "inproc") {
       file_ = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
       pool_ = std::make_unique<ThreadPool>(2);
@@ -190,6 +194,7 @@ class Route {
       mo.kv_config.max_sessions = 256;
       mo.kv_config.budget_bytes = 1LL << 30;
       if (nobatch) mo.batch.max_batch_sessions = 1;
+      if (!chunk.empty()) mo.batch.prefill_chunk = std::stoi(chunk);
       mesh_ = std::make_unique<mesh::InProcessMesh>(file_, mo, pool_.get());
       provider_ = std::make_unique<mesh::FixedRouteProvider>(mesh_->route());
       return;
@@ -213,6 +218,7 @@ class Route {
                                        "--rpc-threads",
                                        "256"};
       if (nobatch) args.insert(args.end(), {"--max-batch-sessions", "1"});
+      if (!chunk.empty()) args.insert(args.end(), {"--prefill-chunk", chunk});
       nodes_.push_back(std::make_unique<rpc::testing::NodeProcess>(
           MESHNET_BINARY, args, (Dir().path / (type + "-" + layers + ".log")).string()));
       addresses_.push_back(nodes_.back()->address());
@@ -432,8 +438,8 @@ class LongPrompt {
   std::thread thread_;
 };
 
-void BM_Mixed(benchmark::State& state, std::string type) {
-  Route& route = RouteFor(type, "inproc");
+void BM_Mixed(benchmark::State& state, std::string type, std::string route_name) {
+  Route& route = RouteFor(type, route_name);
   constexpr int kSessions = 8;
   const int min_tokens = std::max(8, Flags().tokens);
   std::vector<double> base, during;
@@ -476,11 +482,12 @@ void Register() {
     benchmark::RegisterBenchmark(("Ratios/" + type).c_str(), [=](benchmark::State& s) {
       BM_Ratios(s, type);
     })->Iterations(1);
-    if (!f.mixed) continue;
-    benchmark::RegisterBenchmark(("Mixed/" + type).c_str(),
-                                 [=](benchmark::State& s) { BM_Mixed(s, type); })
-        ->Iterations(1)
-        ->Unit(benchmark::kMillisecond);
+    for (const std::string& route : f.mixed) {
+      benchmark::RegisterBenchmark(("Mixed/" + type + "/" + route).c_str(),
+                                   [=](benchmark::State& s) { BM_Mixed(s, type, route); })
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
 }
 
