@@ -8,6 +8,7 @@
 #include "node/node_core.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 
 #include "node/identity.h"
@@ -103,24 +104,10 @@ void NodeCounters::CountResult(const StepResult& result) {
   }
 }
 
-// Fields other than the immutable session_id are guarded by NodeCore::mu_.
-struct NodeCore::Binding {
-  std::string session_id;
-  std::string secret_digest;  // SHA-256 of the opener's secret
-  int64_t latest_epoch = 0;
-  bool linked = false;
-  std::list<Binding*>::iterator lru_it;
-  // The step in flight, if any.
-  bool in_flight = false;
-  int64_t flight_epoch = 0;
-  uint64_t flight_step = 0;
-  // The last reply, for retries.
-  std::unique_ptr<StepReply> result;
-  int64_t result_epoch = 0;
-  uint64_t result_step = 0;
-  uint32_t result_digest = 0;
-  int64_t result_bytes = 0;
-};
+void NodeCore::Held(const Binding& b) const {
+  assert(&b.mu == &mu_);
+  (void)b;
+}
 
 namespace {
 AdmissionOptions WithDefaults(AdmissionOptions a, const Node& node) {
@@ -183,6 +170,7 @@ NodeCore::BindingPtr NodeCore::FindChecked(const std::string& session_id,
                                            const std::string& secret_digest) {
   auto it = bindings_.find(session_id);
   if (it == bindings_.end()) return nullptr;
+  Held(*it->second);
   if (!DigestEquals(secret_digest, it->second->secret_digest)) Denied(session_id);
   return it->second;
 }
@@ -190,8 +178,8 @@ NodeCore::BindingPtr NodeCore::FindChecked(const std::string& session_id,
 NodeCore::BindingPtr NodeCore::CreateBinding(const std::string& session_id,
                                              std::string secret_digest) {
   EvictBindingsOverCapacity();
-  auto b = std::make_shared<Binding>();
-  b->session_id = session_id;
+  auto b = std::make_shared<Binding>(&mu_, session_id);
+  Held(*b);
   b->secret_digest = std::move(secret_digest);
   lru_.push_front(b.get());
   b->lru_it = lru_.begin();
@@ -201,6 +189,7 @@ NodeCore::BindingPtr NodeCore::CreateBinding(const std::string& session_id,
 }
 
 void NodeCore::Unlink(Binding& b) {
+  Held(b);
   DropCachedResult(b);
   b.linked = false;
   lru_.erase(b.lru_it);
@@ -209,10 +198,12 @@ void NodeCore::Unlink(Binding& b) {
 }
 
 void NodeCore::Touch(Binding& b) {
+  Held(b);
   if (b.linked) lru_.splice(lru_.begin(), lru_, b.lru_it);
 }
 
 void NodeCore::DropCachedResult(Binding& b) {
+  Held(b);
   if (!b.result) return;
   cached_bytes_ -= b.result_bytes;
   b.result.reset();
@@ -225,6 +216,7 @@ void NodeCore::EvictBindingsOverCapacity() {
   while (static_cast<int64_t>(bindings_.size()) >= options_.max_bindings && it != lru_.begin()) {
     --it;
     Binding* victim = *it;
+    Held(*victim);
     if (victim->in_flight) continue;
     const std::string id = victim->session_id;
     const int64_t epoch = victim->latest_epoch;
@@ -251,6 +243,7 @@ void NodeCore::NotePeak() {
 }
 
 std::optional<StepReply> NodeCore::ReplayLocked(Binding& b, const Flight& f) {
+  Held(b);
   const auto deadline = Clock::now() + kRetryWait;
   while (b.in_flight && b.flight_epoch == f.epoch && b.flight_step == f.step_id) {
     if (Clock::now() >= deadline) {
@@ -279,6 +272,7 @@ std::optional<StepReply> NodeCore::BeginFlight(const StepRequest& r, Flight* f) 
     b = CreateBinding(r.session_id, std::move(secret_digest));
   }
   Touch(*b);
+  Held(*b);
   if (f->step_id != 0) {
     if (std::optional<StepReply> replay = ReplayLocked(*b, *f)) return replay;
   }
@@ -296,6 +290,7 @@ std::optional<StepReply> NodeCore::BeginFlight(const StepRequest& r, Flight* f) 
 
 void NodeCore::CacheLocked(Binding& b, const Flight& f, const ReplyFormat& format,
                            const StepReply& reply) {
+  Held(b);
   DropCachedResult(b);
   const int64_t bytes = ReplyBytes(reply.result, format);
   if (bytes > options_.replay_cache_bytes) return;
@@ -314,6 +309,7 @@ void NodeCore::CacheLocked(Binding& b, const Flight& f, const ReplyFormat& forma
 void NodeCore::EndFlight(const Flight& f, const ReplyFormat& format, const StepReply* reply) {
   MutexLock lock(&mu_);
   Binding& b = *f.binding;
+  Held(b);
   b.in_flight = false;
   if (reply != nullptr && f.step_id != 0 && b.linked) CacheLocked(b, f, format, *reply);
   step_done_.SignalAll();

@@ -112,7 +112,28 @@ class NodeCore {
   int64_t bindings() const EXCLUDES(mu_);
 
  private:
-  struct Binding;
+  // Every field but the immutable session_id is guarded by NodeCore::mu_,
+  // which `mu` names for the thread-safety analysis (NodeCore::Held tells it a
+  // binding's mu is the held mu_).
+  struct Binding {
+    Binding(Mutex* core_mu, std::string id) : mu(*core_mu), session_id(std::move(id)) {}
+    Mutex& mu;
+    const std::string session_id;
+    std::string secret_digest GUARDED_BY(mu);  // SHA-256 of the opener's secret
+    int64_t latest_epoch GUARDED_BY(mu) = 0;
+    bool linked GUARDED_BY(mu) = false;
+    std::list<Binding*>::iterator lru_it GUARDED_BY(mu);
+    // The step in flight, if any.
+    bool in_flight GUARDED_BY(mu) = false;
+    int64_t flight_epoch GUARDED_BY(mu) = 0;
+    uint64_t flight_step GUARDED_BY(mu) = 0;
+    // The last reply, for retries.
+    std::unique_ptr<StepReply> result GUARDED_BY(mu);
+    int64_t result_epoch GUARDED_BY(mu) = 0;
+    uint64_t result_step GUARDED_BY(mu) = 0;
+    uint32_t result_digest GUARDED_BY(mu) = 0;
+    int64_t result_bytes GUARDED_BY(mu) = 0;
+  };
   using BindingPtr = std::shared_ptr<Binding>;
   // The step being run: its binding and its retry key.
   struct Flight {
@@ -123,6 +144,9 @@ class NodeCore {
   };
 
   void Validate(const StepRequest& r) const;
+  // Tells the thread-safety analysis that `b`'s fields, guarded by b.mu (which
+  // is mu_), may be used: mu_ is held.
+  void Held(const Binding& b) const REQUIRES(mu_) ASSERT_CAPABILITY(b.mu);
   // Binds or finds the session and claims the step (filling `flight`), or
   // answers it at once: a miss for an unbound session, the cached result of a
   // retry.
