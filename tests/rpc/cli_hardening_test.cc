@@ -161,9 +161,32 @@ TEST_F(CliHardeningTest, GenerateAcceptsHalfPrecisionAliases) {
   }
 }
 
+// The batching flags are range-checked before anything starts: exit 2 naming
+// the flag, on serve, generate and api alike.
+TEST_F(CliHardeningTest, BatchFlagsOutOfRangeExitTwo) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"serve", "--model", kModel, "--layers", "0-4", "--max-batch-tokens", "0"},
+      {"serve", "--model", kModel, "--layers", "0-4", "--max-batch-sessions", "4097"},
+      {"generate", "--prompt", "x", "--prefill-chunk", "0"},
+      {"generate", "--prompt", "x", "--max-batch-tokens", "65537"},
+      {"api", "--listen", "127.0.0.1:0", "--max-batch-sessions", "0"},
+  };
+  for (const auto& args : cases) {
+    const CliResult r = Run(args);
+    ASSERT_FALSE(r.timed_out) << args[0] << " started";
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr(args[args.size() - 2] + " must be in 1..")) << Describe(r);
+  }
+  // In range, batching off: generation works.
+  const CliResult ok = Run({"generate", "--prompt", "Once", "--max-tokens", "2", "--threads", "1",
+                            "--max-batch-sessions", "1", "--prefill-chunk", "1"});
+  EXPECT_EQ(ok.exit_code, 0) << Describe(ok);
+}
+
 // In-process-only flags are an error with --nodes, not silently ignored.
 TEST_F(CliHardeningTest, InProcessFlagsWithNodesAreAnError) {
-  for (const char* flag : {"--kv-budget=1MiB", "--split=0-4", "--shards=2"}) {
+  for (const char* flag :
+       {"--kv-budget=1MiB", "--split=0-4", "--shards=2", "--max-batch-sessions=2"}) {
     const CliResult r = Run({"generate", "--prompt", "x", "--nodes", "127.0.0.1:1", flag});
     EXPECT_EQ(r.exit_code, 2) << Describe(r);
     EXPECT_THAT(r.err, HasSubstr(std::string(flag).substr(0, std::string(flag).find('='))))
