@@ -1,5 +1,6 @@
 // meshnet generate: text generation over a route of shards, in-process by
 // default or over gRPC nodes with --nodes.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "cli/generate_load.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
@@ -51,6 +53,8 @@ struct GenerateFlags {
   bool special = false;
   std::string dump_logits;
   int64_t ctx = 0;
+  int sessions = 0;              // --sessions: the load mode (0: not given)
+  bool load = false;             // --sessions was given
   std::string in_process_flags;  // in-process-only flags given, e.g. "--split"
   BatchFlags batch;
 };
@@ -90,10 +94,21 @@ void InstallCancelHandlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
+int CancelSignal() { return g_cancel_signal; }
+
+// --sessions N: a count in range, and no flag of the single-session mode.
+void CheckLoadFlags(const GenerateFlags& f) {
+  if (!f.load) return;
+  CheckLoadSessions(f.sessions);
+  if (!f.dump_logits.empty())
+    ThrowInvalidArgument("--dump-logits is not available with --sessions");
+}
+
 int RunGenerate(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
+  CheckLoadFlags(f);
   if (!f.nodes.empty() && !f.in_process_flags.empty()) {
     ThrowInvalidArgument(
         f.in_process_flags +
@@ -136,6 +151,7 @@ int RunGenerate(const GenerateFlags& f) {
         f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
+    mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.sessions);
     mo.kv_config.Validate();
     mo.batch = BatchOptionsFrom(f.batch);
     const int threads =
@@ -160,6 +176,10 @@ int RunGenerate(const GenerateFlags& f) {
   }
 
   const bool json = f.output == "json";
+  if (f.load) {
+    return RunGenerateSessions(*provider, tokenizer, prompt_ids, options, f.sessions, json,
+                               &CancelSignal);
+  }
   std::string text;
   int32_t prev = prompt_ids.back();
   mesh::GenerateEvents events;
@@ -259,6 +279,10 @@ const CommandRegistrar kRegistrar(
                        "refused, generation stops when it is full")
            ->capture_default_str()
            ->check(IntRange(0, 1 << 30));
+       auto* sessions = sub->add_option(
+           "--sessions", f->sessions,
+           "Load mode: run N (1-1024) concurrent sessions of the prompt through one client and "
+           "print each one's output and the aggregate tokens/s, TTFT and inter-token latency");
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
@@ -272,6 +296,7 @@ const CommandRegistrar kRegistrar(
          in_process.push_back(o);
        }
        sub->callback([=] {
+         f->load = sessions->count() > 0;
          for (const CLI::Option* o : in_process) {
            if (o->count() == 0) continue;
            f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();

@@ -19,6 +19,7 @@
 // the provider and endpoints are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,7 +48,7 @@ class RouteProvider {
 };
 
 // A provider over a fixed route (in-process shards): Plan() returns it until
-// a hop is marked dead, then fails.
+// a hop is marked dead, then fails. Safe for concurrent sessions.
 class FixedRouteProvider final : public RouteProvider {
  public:
   explicit FixedRouteProvider(Route route) : route_(std::move(route)) {}
@@ -56,7 +57,7 @@ class FixedRouteProvider final : public RouteProvider {
 
  private:
   Route route_;
-  bool dead_ = false;
+  std::atomic<bool> dead_{false};
 };
 
 struct GenerateOptions {

@@ -1,0 +1,505 @@
+// multi_session_bench: many users at once (issue 12), end to end through the
+// client's mesh::MultiSessionDriver.
+//
+//  * Throughput/<type>/<route>/<n>: n concurrent greedy sessions (distinct
+//    4-token prompts, --mb_tokens generated each) on a 768-dim, 12-layer random
+//    model of weight type F32, Q8_0 or Q4_K (meshnet make-model, written to a
+//    temporary directory and removed at exit). Routes: `inproc`, one in-process
+//    node holding all layers (a 2-thread compute pool), and `3node`, three
+//    `meshnet serve` processes on loopback (layers 0-3, 4-7, 8-11, --threads
+//    --mb_node_threads each). Counters: aggregate tokens/s (every generated
+//    token over the wall time), the same per CPU-second of every process of the
+//    route (tok_per_cpu_s: steadier than wall time on a shared machine),
+//    inter-token latency p50/p99 and TTFT p50/p99.
+//  * Ratios/<type>: from the Throughput runs of this process: 16 vs 1 session
+//    (aggregate tokens/s; goal >= 6 once nodes batch), 3-node / in-process at 16
+//    sessions (goal >= 0.8), and inter-token p50/p99 at 16 sessions over 1
+//    (goal <= 3).
+//  * Mixed/<type>/<route>: 8 sessions decode alone (baseline),
+//    then 8 sessions decode while one --mb_long_prompt-token prompt is
+//    prefilled; p99 of the inter-token gaps that overlap the prefill over the
+//    baseline's p99 (goal <= 2: chunked prefill).
+//
+// Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
+// --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
+// inproc_nobatch and 3node_nobatch run with the nodes' batching off, and
+// <route>_chunkN with --prefill-chunk N; Ratios then adds <route>_16_batch_gain)
+// --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
+// Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none). Each benchmark
+// runs one iteration (a run of many sessions is its own repetition).
+#include <benchmark/benchmark.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "gguf/gguf_reader.h"
+#include "gguf/make_model.h"
+#include "mesh/in_process.h"
+#include "mesh/multi_session.h"
+#include "rpc/remote.h"
+#include "rpc/test_util.h"
+#include "tests/rpc/node_process.h"
+#include "util/thread_pool.h"
+
+namespace meshnet {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchFlags {
+  std::vector<std::string> types = {"f32", "q8_0", "q4_k"};
+  std::vector<int> sessions = {1, 4, 16, 64};
+  std::vector<std::string> routes = {"inproc", "3node"};
+  int tokens = 16;
+  int long_prompt = 2000;
+  int node_threads = 1;
+  std::vector<std::string> mixed = {"inproc"};  // routes of the Mixed benchmark
+};
+
+BenchFlags& Flags() {
+  static BenchFlags f;
+  return f;
+}
+
+std::vector<std::string> SplitCsv(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// Takes the --mb_* flags out of argv (Google Benchmark rejects unknown ones).
+void ParseFlags(int* argc, char** argv) {
+  BenchFlags& f = Flags();
+  int kept = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      const std::string prefix = std::string("--") + name + "=";
+      return a.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
+    };
+    if (const char* v = value("mb_types")) {
+      f.types = SplitCsv(v);
+    } else if (const char* v = value("mb_sessions")) {
+      f.sessions.clear();
+      for (const auto& s : SplitCsv(v)) f.sessions.push_back(std::stoi(s));
+    } else if (const char* v = value("mb_routes")) {
+      f.routes = SplitCsv(v);
+    } else if (const char* v = value("mb_tokens")) {
+      f.tokens = std::stoi(v);
+    } else if (const char* v = value("mb_long_prompt")) {
+      f.long_prompt = std::stoi(v);
+    } else if (const char* v = value("mb_node_threads")) {
+      f.node_threads = std::stoi(v);
+    } else if (const char* v = value("mb_mixed")) {
+      f.mixed = std::string(v) == "0" ? std::vector<std::string>{} : SplitCsv(v);
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  *argc = kept;
+}
+
+// A fresh temporary directory removed at exit (the models are never kept).
+struct TempDir {
+  TempDir() {
+    std::string t =
+        (std::filesystem::temp_directory_path() / "multi_session_bench.XXXXXX").string();
+    if (mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::filesystem::path path;
+};
+
+TempDir& Dir() {
+  static TempDir dir;
+  return dir;
+}
+
+GgmlType TypeOf(const std::string& name) {
+  if (name == "f32") return GgmlType::kF32;
+  if (name == "q8_0") return GgmlType::kQ8_0;
+  if (name == "q4_k") return GgmlType::kQ4_K;
+  throw std::runtime_error("unknown --mb_types entry " + name);
+}
+
+// The same as `meshnet make-model --n-embd 768 --n-layers 12 --type TYPE
+// --seed 7 --context 4096 --tokenizer-from models/stories260K.gguf`.
+std::string ModelPath(const std::string& type) {
+  static std::map<std::string, std::string> made;
+  auto it = made.find(type);
+  if (it != made.end()) return it->second;
+  gguf::MakeModelOptions o;  // 768-dim, 12 layers, 12 heads, ff 2048
+  o.type = TypeOf(type);
+  o.name = "llama768-" + type;
+  o.seed = 7;
+  o.context = 4096;  // room for the mixed load's long prompt
+  const std::string path = (Dir().path / (o.name + ".gguf")).string();
+  gguf::MakeModel(o, MESHNET_SHIPPED_MODEL, path);
+  return made[type] = path;
+}
+
+// CPU seconds (user + system) this process has used.
+double SelfCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU seconds (utime + stime) of another process, from /proc/<pid>/stat.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "(comm) "
+  std::string f;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(f);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A route for one model: the in-process node or three serve processes;
+// "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),
+// "<route>_chunkN" sets their --prefill-chunk to N.
+class Route {
+ public:
+  Route(const std::string& type, const std::string& route_name) {
+    const std::string path = ModelPath(type);
+    const bool nobatch = route_name.ends_with("_nobatch");
+    const size_t chunk_at = route_name.find("_chunk");
+    const std::string chunk = chunk_at == std::string::npos ? "" : route_name.substr(chunk_at + 6);
+    const std::string kind = route_name.substr(0, route_name.find('_'));
+    if (kind == "inproc") {
+      file_ = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
+      pool_ = std::make_unique<ThreadPool>(2);
+      mesh::InProcessMeshOptions mo;  // one node, every layer
+      mo.kv_config.max_sessions = 256;
+      mo.kv_config.budget_bytes = 1LL << 30;
+      if (nobatch) mo.batch.max_batch_sessions = 1;
+      if (!chunk.empty()) mo.batch.prefill_chunk = std::stoi(chunk);
+      mesh_ = std::make_unique<mesh::InProcessMesh>(file_, mo, pool_.get());
+      provider_ = std::make_unique<mesh::FixedRouteProvider>(mesh_->route());
+      return;
+    }
+    if (kind != "3node") throw std::runtime_error("unknown --mb_routes entry " + route_name);
+    for (const char* layers : {"0-3", "4-7", "8-11"}) {
+      std::vector<std::string> args = {"--model",
+                                       path,
+                                       "--layers",
+                                       layers,
+                                       "--listen",
+                                       "127.0.0.1:0",
+                                       "--threads",
+                                       std::to_string(Flags().node_threads),
+                                       "--max-sessions",
+                                       "256",
+                                       "--kv-budget",
+                                       "512MiB",
+                                       "--max-calls-per-peer",
+                                       "512",
+                                       "--rpc-threads",
+                                       "256"};
+      if (nobatch) args.insert(args.end(), {"--max-batch-sessions", "1"});
+      if (!chunk.empty()) args.insert(args.end(), {"--prefill-chunk", chunk});
+      nodes_.push_back(std::make_unique<rpc::testing::NodeProcess>(
+          MESHNET_BINARY, args, (Dir().path / (type + "-" + layers + ".log")).string()));
+      addresses_.push_back(nodes_.back()->address());
+    }
+    rpc::ClientOptions co;
+    co.timeout_s = 600;
+    co.info_timeout_s = 30;
+    provider_ = rpc::MakeRemoteRouteProvider(addresses_, co);
+  }
+  mesh::RouteProvider& provider() { return *provider_; }
+  // CPU seconds used so far by this process and the route's node processes.
+  double CpuSeconds() const {
+    double s = SelfCpuSeconds();
+    for (const auto& n : nodes_) s += ProcessCpuSeconds(n->pid());
+    return s;
+  }
+
+ private:
+  std::shared_ptr<const gguf::GgufFile> file_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<mesh::InProcessMesh> mesh_;
+  std::vector<std::unique_ptr<rpc::testing::NodeProcess>> nodes_;
+  std::vector<std::string> addresses_;
+  std::unique_ptr<mesh::RouteProvider> provider_;
+};
+
+// One route at a time stays up (three processes mapping a model each).
+Route& RouteFor(const std::string& type, const std::string& kind) {
+  static std::string key;
+  static std::unique_ptr<Route> route;
+  if (key != type + "/" + kind) {
+    route.reset();
+    route = std::make_unique<Route>(type, kind);
+    key = type + "/" + kind;
+    mesh::MultiSessionDriver warm(route->provider(), {});
+    mesh::GenerateOptions o;
+    o.max_tokens = 2;
+    warm.Run(std::vector<std::vector<int32_t>>{{1, 2, 3}}, o);  // page the weights in
+  }
+  return *route;
+}
+
+std::vector<std::vector<int32_t>> Prompts(int n) {
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back({1, 3 + (i * 37) % 500, 3 + (i * 101 + 7) % 500, 3 + (i * 13 + 200) % 500});
+  }
+  return out;
+}
+
+struct Figures {
+  double tokens_per_s = 0;
+  double itl_p50 = 0, itl_p99 = 0;
+  double tokens_per_cpu_s = 0;  // all processes of the route
+};
+std::map<std::string, Figures>& Measured() {  // "type/route/n" -> figures
+  static std::map<std::string, Figures> m;
+  return m;
+}
+
+void BM_Throughput(benchmark::State& state, std::string type, std::string kind, int n) {
+  Route& route = RouteFor(type, kind);
+  mesh::GenerateOptions o;
+  o.max_tokens = Flags().tokens;
+  mesh::MultiSessionReport r;
+  double cpu_s = 0;
+  for (auto _ : state) {
+    mesh::MultiSessionDriver driver(route.provider(), {});
+    const double cpu0 = route.CpuSeconds();
+    r = driver.Run(Prompts(n), o);
+    cpu_s = route.CpuSeconds() - cpu0;
+    state.SetIterationTime(r.wall_s);
+  }
+  if (r.failed() > 0) {
+    for (const auto& s : r.sessions) {
+      if (!s.ok) state.SkipWithError(("a session failed: " + s.error).c_str());
+      if (!s.ok) return;
+    }
+  }
+  const std::vector<double> gaps = r.InterTokenGaps();
+  const std::vector<double> ttft = r.TimesToFirstToken();
+  Figures f{r.TokensPerSecond(), mesh::Percentile(gaps, 0.5), mesh::Percentile(gaps, 0.99),
+            cpu_s > 0 ? static_cast<double>(r.TotalTokens()) / cpu_s : 0};
+  Measured()[type + "/" + kind + "/" + std::to_string(n)] = f;
+  state.counters["tok_per_s"] = f.tokens_per_s;
+  state.counters["itl_p50_ms"] = f.itl_p50 * 1e3;
+  state.counters["itl_p99_ms"] = f.itl_p99 * 1e3;
+  state.counters["ttft_p50_ms"] = mesh::Percentile(ttft, 0.5) * 1e3;
+  state.counters["ttft_p99_ms"] = mesh::Percentile(ttft, 0.99) * 1e3;
+  state.counters["tokens"] = static_cast<double>(r.TotalTokens());
+  state.counters["tok_per_cpu_s"] = f.tokens_per_cpu_s;
+}
+
+void BM_Ratios(benchmark::State& state, std::string type) {
+  for (auto _ : state) {
+  }
+  const auto& m = Measured();
+  auto get = [&](const std::string& route, int n) -> const Figures* {
+    auto it = m.find(type + "/" + route + "/" + std::to_string(n));
+    return it == m.end() ? nullptr : &it->second;
+  };
+  for (const std::string& route : Flags().routes) {
+    const Figures* one = get(route, 1);
+    const Figures* sixteen = get(route, 16);
+    if (one == nullptr || sixteen == nullptr) continue;
+    state.counters[route + "_16v1_tok"] = sixteen->tokens_per_s / one->tokens_per_s;
+    state.counters[route + "_16v1_tok_cpu"] = sixteen->tokens_per_cpu_s / one->tokens_per_cpu_s;
+    state.counters[route + "_16v1_itl50"] = sixteen->itl_p50 / one->itl_p50;
+    state.counters[route + "_16v1_itl99"] = sixteen->itl_p99 / one->itl_p99;
+  }
+  for (const std::string& route : {"inproc", "3node"}) {
+    const Figures* on = get(route, 16);
+    const Figures* off = get(route + std::string("_nobatch"), 16);
+    if (on == nullptr || off == nullptr) continue;
+    state.counters[std::string(route) + "_16_batch_gain"] = on->tokens_per_s / off->tokens_per_s;
+    state.counters[std::string(route) + "_16_batch_gain_cpu"] =
+        on->tokens_per_cpu_s / off->tokens_per_cpu_s;
+  }
+  for (int n : Flags().sessions) {
+    const Figures* in = get("inproc", n);
+    const Figures* three = get("3node", n);
+    if (in == nullptr || three == nullptr) continue;
+    state.counters["3node_vs_inproc_" + std::to_string(n)] = three->tokens_per_s / in->tokens_per_s;
+    state.counters["3node_vs_inproc_cpu_" + std::to_string(n)] =
+        three->tokens_per_cpu_s / in->tokens_per_cpu_s;
+  }
+}
+
+// Runs `n` decode sessions; each ends when `stop(tokens so far)` says so (or
+// at 1024 tokens). `all_decoding` runs once every session has two tokens.
+// Returns each session's token times.
+std::vector<std::vector<Clock::time_point>> RunDecoders(mesh::RouteProvider& provider, int n,
+                                                        const std::function<bool(int)>& stop,
+                                                        const std::function<void()>& all_decoding) {
+  std::vector<std::vector<Clock::time_point>> times(static_cast<size_t>(n));
+  std::atomic<int> decoding{0};
+  mesh::MultiSessionEvents ev;  // session s's callbacks all run on its worker
+  ev.on_token = [&](int s, int32_t) {
+    auto& t = times[static_cast<size_t>(s)];
+    t.push_back(Clock::now());
+    if (t.size() == 2 && ++decoding == n && all_decoding) all_decoding();
+  };
+  ev.stop_requested = [&](int s) {
+    return stop(static_cast<int>(times[static_cast<size_t>(s)].size()));
+  };
+  mesh::GenerateOptions o;
+  o.max_tokens = 1024;
+  mesh::MultiSessionDriver driver(provider, {});
+  const mesh::MultiSessionReport r = driver.Run(Prompts(n), o, ev);
+  for (const auto& s : r.sessions) {
+    if (!s.ok) throw std::runtime_error("a decode session failed: " + s.error);
+  }
+  return times;
+}
+
+// Gaps between consecutive tokens of each session that overlap [a, b]
+// (everything when a == b == {}), in seconds.
+std::vector<double> Gaps(const std::vector<std::vector<Clock::time_point>>& times,
+                         Clock::time_point a = {}, Clock::time_point b = Clock::time_point::max()) {
+  std::vector<double> out;
+  for (const auto& t : times) {
+    for (size_t k = 1; k < t.size(); ++k) {
+      if (t[k] > a && t[k - 1] < b) {
+        out.push_back(std::chrono::duration<double>(t[k] - t[k - 1]).count());
+      }
+    }
+  }
+  return out;
+}
+
+// One prefill of `tokens` tokens (and one generated token), started when
+// Go() is called; its interval is [start, end].
+class LongPrompt {
+ public:
+  LongPrompt(mesh::RouteProvider& provider, int tokens) {
+    std::vector<int32_t> ids = {1};
+    for (int i = 1; i < tokens; ++i) ids.push_back(3 + (i * 31) % 500);
+    thread_ = std::thread([this, &provider, ids] {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return go_; });
+      }
+      start_ = Clock::now();
+      mesh::GenerateOptions o;
+      o.max_tokens = 1;
+      try {
+        mesh::Generate(provider, ids, o);
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+      end_ = Clock::now();
+      done_ = true;
+    });
+  }
+  ~LongPrompt() { Join(); }
+  void Go() {
+    std::lock_guard lock(mu_);
+    go_ = true;
+    cv_.notify_all();
+  }
+  void Join() {
+    Go();  // never leaves the thread waiting
+    if (thread_.joinable()) thread_.join();
+  }
+  bool done() const { return done_; }
+  Clock::time_point start() const { return start_; }
+  Clock::time_point end() const { return end_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool go_ = false;
+  std::atomic<bool> done_{false};
+  Clock::time_point start_, end_;
+  std::string error_;
+  std::thread thread_;
+};
+
+void BM_Mixed(benchmark::State& state, std::string type, std::string route_name) {
+  Route& route = RouteFor(type, route_name);
+  constexpr int kSessions = 8;
+  const int min_tokens = std::max(8, Flags().tokens);
+  std::vector<double> base, during;
+  double prefill_s = 0;
+  for (auto _ : state) {
+    base = Gaps(
+        RunDecoders(route.provider(), kSessions, [&](int n) { return n >= 2 * min_tokens; }, {}));
+    LongPrompt prompt(route.provider(), Flags().long_prompt);
+    const auto times = RunDecoders(
+        route.provider(), kSessions, [&](int n) { return prompt.done() && n >= min_tokens; },
+        [&] { prompt.Go(); });
+    prompt.Join();
+    if (!prompt.error().empty()) return state.SkipWithError(prompt.error().c_str());
+    during = Gaps(times, prompt.start(), prompt.end());
+    prefill_s = std::chrono::duration<double>(prompt.end() - prompt.start()).count();
+  }
+  const double p99_base = mesh::Percentile(base, 0.99);
+  const double p99_during = mesh::Percentile(during, 0.99);
+  state.counters["itl_p99_base_ms"] = p99_base * 1e3;
+  state.counters["itl_p99_prefill_ms"] = p99_during * 1e3;
+  state.counters["p99_ratio"] = p99_base > 0 ? p99_during / p99_base : 0;
+  state.counters["gaps_in_prefill"] = static_cast<double>(during.size());
+  state.counters["prefill_s"] = prefill_s;
+  state.counters["prefill_tok_per_s"] = prefill_s > 0 ? Flags().long_prompt / prefill_s : 0;
+}
+
+void Register() {
+  const BenchFlags& f = Flags();
+  for (const std::string& type : f.types) {
+    for (const std::string& route : f.routes) {
+      for (int n : f.sessions) {
+        const std::string name = "Throughput/" + type + "/" + route + "/" + std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& s) { BM_Throughput(s, type, route, n); })
+            ->Iterations(1)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+    benchmark::RegisterBenchmark(("Ratios/" + type).c_str(), [=](benchmark::State& s) {
+      BM_Ratios(s, type);
+    })->Iterations(1);
+    for (const std::string& route : f.mixed) {
+      benchmark::RegisterBenchmark(("Mixed/" + type + "/" + route).c_str(),
+                                   [=](benchmark::State& s) { BM_Mixed(s, type, route); })
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshnet
+
+int main(int argc, char** argv) {
+  meshnet::ParseFlags(&argc, argv);
+  meshnet::Register();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
