@@ -326,9 +326,18 @@ struct XQ3_K {
   static constexpr bool kSigned = true;
   static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
     h->d = LoadF16(p + 108);
-    alignas(16) int8_t sc[16];
-    Q3KScales(p + 96, sc);
-    SetScales16(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)), h);
+    // As Q3KScales: low nibbles of scales j < 8 and j + 8 in byte j % 8; the
+    // top 2 bits of scale j at bits 2*(j/4) of byte 8 + j%4.
+    const __m128i nib = _mm_set1_epi8(0xF);
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 96));
+    const __m128i lo =
+        _mm_unpacklo_epi64(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+    uint32_t top;
+    std::memcpy(&top, p + 104, 4);
+    const __m128i hi = _mm_and_si128(
+        _mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(top)), _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3));
+    SetScales16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)), h);
   }
   template <int J>
   static HWY_INLINE __m256i Codes(const uint8_t* p) {  // bit 2 of element e: bit J of hmask[e]
@@ -342,13 +351,23 @@ struct XIQ4_XS {
   static constexpr bool kSigned = true;
   static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
     h->d = LoadF16(p);
-    const uint16_t sh = LoadU16(p + 2);
-    alignas(16) int8_t ls[16] = {};
-    for (int j = 0; j < 8; ++j) {
-      ls[j] = static_cast<int8_t>(
-          (((p[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4)) - 32);
-    }
-    SetScales32(_mm_load_si128(reinterpret_cast<const __m128i*>(ls)), h);
+    // ls_j = (4 bits of byte 4 + j/2 at 4*(j%2)) | (bits 2j, 2j+1 of the u16 at p + 2) << 4.
+    uint32_t lo_bytes;
+    std::memcpy(&lo_bytes, p + 4, 4);
+    const __m128i v = _mm_cvtsi32_si128(static_cast<int>(lo_bytes)), nib = _mm_set1_epi8(0xF);
+    const __m256i lo = _mm256_cvtepu8_epi32(
+        _mm_unpacklo_epi8(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib)));
+    const __m256i hi =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(LoadU16(p + 2)),
+                                           _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                         _mm256_set1_epi32(3));
+    const __m256i ls =
+        _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    // Word k of the 16-block scales is ls_{k/2}: each dword holds ls_j twice.
+    const __m256i s16 =
+        _mm256_or_si256(_mm256_and_si256(ls, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(ls, 16));
+    h->sc_lo = _mm256_permute2x128_si256(s16, s16, 0x00);
+    h->sc_hi = _mm256_permute2x128_si256(s16, s16, 0x11);
   }
   template <int J>
   static HWY_INLINE __m256i Codes(const uint8_t* p) {
