@@ -8,8 +8,9 @@
 // not expose; everything around it stays in Highway's per-target namespace.
 //
 // Each weight block's 32 codes are one vector of int8 (signed codes) or uint8
-// (unsigned codes; the offset term of Q4_1/Q5_1/Q4_K/Q5_K/Q2_K goes through
-// the activations' d*sum(q) as in the int16 kernel). Signed codes use the
+// (unsigned codes; the offset term of Q4_1/Q5_1/Q4_K/Q5_K/Q2_K, and Q4_0's
+// and Q5_0's code bias, goes through the activations' d*sum(q) as in GGML's
+// Q4_1). Signed codes use the
 // sign trick: |w| (u8) x (x with w's sign) (i8). vpmaddubsw cannot saturate
 // here: |w| <= 128 and |x| <= 127 give pair sums <= 32512.
 // - 32-element formats: the block's integer dot (exact) is converted and
@@ -101,11 +102,15 @@ struct XQ8_0 {
   static constexpr bool kSigned = true, kHasOff = false;
   static HWY_INLINE __m256i Block(const uint8_t* p, float*) { return Load32(p + 2); }
 };
+// Q4_0/Q5_0 take their -8/-16 like Q4_1's offset (m = -8d, -16d, times the
+// activations' d*sum(q), which is exact in float for q8_0): unsigned codes
+// skip the sign trick, measured 1.2x faster than signed ones on the decode matvec.
 struct XQ4_0 {
   static constexpr int kBytes = 18;
-  static constexpr bool kSigned = true, kHasOff = false;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float*) {
-    return _mm256_sub_epi8(Nibbles32(p + 2), Bytes(8));
+  static constexpr bool kSigned = false, kHasOff = true;
+  static HWY_INLINE __m256i Block(const uint8_t* p, float* m) {
+    *m = -8.0f * LoadF16(p);
+    return Nibbles32(p + 2);
   }
 };
 struct XQ4_1 {
@@ -118,9 +123,10 @@ struct XQ4_1 {
 };
 struct XQ5_0 {
   static constexpr int kBytes = 22;
-  static constexpr bool kSigned = true, kHasOff = false;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float*) {
-    return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(p + 6), FifthBits(p + 2)), Bytes(16));
+  static constexpr bool kSigned = false, kHasOff = true;
+  static HWY_INLINE __m256i Block(const uint8_t* p, float* m) {
+    *m = -16.0f * LoadF16(p);
+    return _mm256_or_si256(Nibbles32(p + 6), FifthBits(p + 2));
   }
 };
 struct XQ5_1 {
