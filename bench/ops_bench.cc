@@ -13,8 +13,9 @@
 //   vs_llama_style (Q8_0) our time / a llama.cpp-style q8_0 x q8_0 kernel's
 //                 (one row at a time, int8 sign trick, f16 activation scales),
 //                 re-implemented here with AVX2 intrinsics, on the same data
-//   speedup       (prefill) time of 128 single-token MatMul calls / one batched call
-//                 (best of 5 alternating passes; thread CPU time with 1 thread)
+//   speedup       (prefill / batch) time of n single-token MatMul calls / one
+//                 n-token call, i.e. tokens/s over n repeated matvecs (best of
+//                 5 alternating passes; thread CPU time with 1 thread)
 //
 // Weights are cycled over a ring of copies totalling kRingBytes so every
 // matvec streams from DRAM, not from the caches.
@@ -426,10 +427,25 @@ void BM_Prefill(benchmark::State& state) {
   state.counters["speedup"] = naive_s / batched_s;  // batched tokens/s over naive tokens/s
 }
 
+// Prompt processing (16, 128, 512 tokens) for every type through a 768x768
+// and a 2048x768 matrix; the continuous-batching sizes (2..64 tokens) for the
+// main types; 2 threads at 128 tokens.
 void PrefillArgs(benchmark::internal::Benchmark* b) {
-  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
-                     GgmlType::kQ4_K, GgmlType::kQ6_K}) {
-    for (int threads : {1, 2}) b->Args({static_cast<int64_t>(t), 2048, 768, 128, threads});
+  const GgmlType all[] = {GgmlType::kF32,    GgmlType::kF16,  GgmlType::kBF16,  GgmlType::kQ8_0,
+                          GgmlType::kQ4_0,   GgmlType::kQ4_1, GgmlType::kQ5_0,  GgmlType::kQ5_1,
+                          GgmlType::kIQ4_NL, GgmlType::kQ2_K, GgmlType::kQ3_K,  GgmlType::kQ4_K,
+                          GgmlType::kQ5_K,   GgmlType::kQ6_K, GgmlType::kIQ4_XS};
+  for (GgmlType t : all) {
+    for (int64_t rows : {768, 2048}) {
+      for (int64_t tokens : {16, 128, 512})
+        b->Args({static_cast<int64_t>(t), rows, 768, tokens, 1});
+    }
+  }
+  for (GgmlType t :
+       {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (int64_t tokens : {2, 4, 8, 32, 64})
+      b->Args({static_cast<int64_t>(t), 2048, 768, tokens, 1});
+    b->Args({static_cast<int64_t>(t), 2048, 768, 128, 2});
   }
   b->ArgNames({"type", "rows", "cols", "tokens", "threads"});
 }

@@ -79,7 +79,8 @@ size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols) {
   const auto nt = static_cast<size_t>(n_tokens);
   const auto nb = static_cast<size_t>(cols / 32);
   return kAlign + RoundUp(nt * static_cast<size_t>(cols) * sizeof(int16_t)) +
-         2 * RoundUp(nt * nb * sizeof(float)) + RoundUp(nt * 2 * nb * sizeof(float));
+         RoundUp(nt * static_cast<size_t>(cols)) + 2 * RoundUp(nt * nb * sizeof(float)) +
+         RoundUp(nt * 2 * nb * sizeof(float));
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
@@ -116,6 +117,8 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
   acts.cols = w.cols;
   acts.q = reinterpret_cast<int16_t*>(p);
   p += RoundUp(nt * static_cast<size_t>(w.cols) * sizeof(int16_t));
+  acts.q8 = reinterpret_cast<int8_t*>(p);
+  p += RoundUp(nt * static_cast<size_t>(w.cols));
   acts.d = reinterpret_cast<float*>(p);
   p += RoundUp(nt * nb * sizeof(float));
   acts.dxs = reinterpret_cast<float*>(p);

@@ -18,7 +18,12 @@
 // - K-quants (Q2_K..Q6_K) and IQ4_XS: q8_K per 256-block (d = max/-127 for
 //   the signed value max of largest magnitude: d = 1/(-127/max), q =
 //   min(127, round-half-even(x * -127/max)), d kept as float).
-// Each block's integer dot product is exact and scaled in float.
+// Each block's integer dot product is exact and scaled in float (on x86 with
+// AVX2 the K-quants sum the sub-blocks' scaled integer dots exactly over the
+// 256-block first, as GGML does, and Q4_0/Q5_0's code bias -8/-16 enters like
+// Q4_1's offset, through the activations' d*sum(q); other targets scale each
+// 32-block). Float sums are not in a fixed order: results agree with
+// MatMulReferenceQuantized to float rounding, not bit for bit across targets.
 // QuantizeActivationsReference and MatMulReferenceQuantized define these
 // semantics for tests.
 //

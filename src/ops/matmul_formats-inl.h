@@ -160,20 +160,27 @@ struct Q4_0Fmt {  // codes are nibble - 8, so no offset term
   }
 };
 
+// Q4_K/Q5_K's 12 packed scale bytes at p unpacked to 8 scales, then 8 mins
+// (bytes of out). As three words: bytes 0-3 hold scales 0-3 (low 6 bits) and
+// the top 2 bits of scales 4-7; bytes 4-7 the same for mins; bytes 8-11 the
+// low nibbles of scales 4-7 and mins 4-7 (cf. Q4KScaleMin).
+HWY_INLINE void Q4KPackedScales(const uint8_t* p, uint32_t out[4]) {
+  uint32_t u[3];
+  std::memcpy(u, p, 12);
+  out[0] = u[0] & 0x3f3f3f3fu;
+  out[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  out[2] = u[1] & 0x3f3f3f3fu;
+  out[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+}
+
 struct Q4_KFmt {
   static constexpr int kSuper = 256, kBytes = 144, kSub = 8;
   static constexpr bool kHasOff = true;
   static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
     const float d = LoadF16(p);
     const float dmin = LoadF16(p + 2);
-    // The 12 packed bytes as three words: bytes 0-3 hold scales 0-3 (low 6
-    // bits) and the top 2 bits of scales 4-7; bytes 4-7 the same for mins;
-    // bytes 8-11 the low nibbles of scales 4-7 and mins 4-7 (cf. Q4KScaleMin).
-    uint32_t u[3];
-    std::memcpy(u, p + 4, 12);
-    const uint32_t packed[4] = {
-        u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4),
-        u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+    uint32_t packed[4];
+    Q4KPackedScales(p + 4, packed);
     const auto* sc_m = reinterpret_cast<const uint8_t*>(packed);  // 8 scales, then 8 mins
     const D8F d8;
     const hn::Rebind<int32_t, D8F> di;

@@ -26,6 +26,7 @@
 #include "ops/half_inline.h"
 #include "ops/matmul_formats-inl.h"
 #include "ops/matmul_kernels.h"
+#include "ops/matmul_x86-inl.h"
 #include "ops/quantize.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -43,6 +44,7 @@ void QuantizeQ8_0Acts(const float* x, int64_t t_begin, int64_t t_end, bool q8_1,
   const hn::CappedTag<float, 32> df;
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<int16_t, decltype(df)> dq;
+  const hn::Rebind<int8_t, decltype(df)> dq8;
   const size_t n = hn::Lanes(df);
   const int64_t cols = a.cols, nb = cols / 32;
   for (int64_t t = t_begin; t < t_end; ++t) {
@@ -59,6 +61,7 @@ void QuantizeQ8_0Acts(const float* x, int64_t t_begin, int64_t t_end, bool q8_1,
         const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vinv));
         vsum = hn::Add(vsum, qi);
         hn::StoreU(hn::DemoteTo(dq, qi), dq, qb + i);
+        hn::StoreU(hn::DemoteTo(dq8, qi), dq8, a.q8 + (qb - a.q) + i);
       }
       const auto sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, vsum)));
       a.d[t * nb + b] = RoundToHalf(scale);
@@ -72,6 +75,7 @@ void QuantizeQ8_KActs(const float* x, int64_t t_begin, int64_t t_end, const Quan
   const hn::CappedTag<float, 16> df;
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<int16_t, decltype(df)> dq;
+  const hn::Rebind<int8_t, decltype(df)> dq8;
   const size_t n = hn::Lanes(df);
   const int64_t cols = a.cols, nb = cols / 32;
   for (int64_t t = t_begin; t < t_end; ++t) {
@@ -98,6 +102,7 @@ void QuantizeQ8_KActs(const float* x, int64_t t_begin, int64_t t_end, const Quan
               hn::Min(hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vis)), hn::Set(di, 127));
           vsum = hn::Add(vsum, qi);
           hn::StoreU(hn::DemoteTo(dq, qi), dq, qb + i);
+          hn::StoreU(hn::DemoteTo(dq8, qi), dq8, a.q8 + (qb - a.q) + i);
         }
         const auto sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, vsum)));
         a.dxs16[t * (cols / 16) + s * 16 + k] = d * sum;
@@ -264,6 +269,9 @@ void QuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const Quan
 
 void MatMulQuantRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
                          int64_t n_tokens, float* y) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  if (Int8MatMulRows(w, r_begin, r_end, a, n_tokens, y)) return;
+#endif
   switch (w.type) {
     case GgmlType::kQ8_0:
       return QuantRows<Q8_0Fmt>(w, r_begin, r_end, a, n_tokens, y);

@@ -14,9 +14,11 @@ namespace meshnet::ops::internal {
 // q[t*cols ...], its per-32-block scales d[t*(cols/32) ...] (q8_K: the
 // 256-block's scale repeated), dxs[t*(cols/32) ...] the per-32-block
 // d*sum(q) (q8_1: GGML's f16 s) and dxs16[t*(cols/16) ...] the per-16-block
-// d*sum(q) (q8_K only; Q2_K's mins).
+// d*sum(q) (q8_K only; Q2_K's mins). q8 holds the same values as q in int8
+// (the x86 int8 kernels read it).
 struct QuantActs {
   int16_t* q = nullptr;
+  int8_t* q8 = nullptr;
   float* d = nullptr;
   float* dxs = nullptr;
   float* dxs16 = nullptr;

@@ -42,6 +42,51 @@ Weights MakeWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   return out;
 }
 
+// Uniformly random block bytes (every code, scale and sign bit pattern,
+// e.g. Q8_0's -128 that no quantizer writes) with the f16 scale fields set to
+// random finite halves in [2^-10, 2^-4), of either sign for d.
+Weights RandomBitWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  struct Fields {
+    GgmlType type;
+    int block_bytes, d_at, dmin_at;  // byte offsets of the f16 fields (-1: none)
+  };
+  static constexpr Fields kFields[] = {
+      {GgmlType::kQ8_0, 34, 0, -1},    {GgmlType::kQ4_0, 18, 0, -1},
+      {GgmlType::kQ4_1, 20, 0, 2},     {GgmlType::kQ5_0, 22, 0, -1},
+      {GgmlType::kQ5_1, 24, 0, 2},     {GgmlType::kIQ4_NL, 18, 0, -1},
+      {GgmlType::kQ2_K, 84, 80, 82},   {GgmlType::kQ3_K, 110, 108, -1},
+      {GgmlType::kQ4_K, 144, 0, 2},    {GgmlType::kQ5_K, 176, 0, 2},
+      {GgmlType::kQ6_K, 210, 208, -1}, {GgmlType::kIQ4_XS, 136, 0, -1}};
+  Fields f{};
+  for (const Fields& k : kFields) {
+    if (k.type == type) f = k;
+  }
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mag(-10.0f, -4.0f);
+  auto half = [&](bool any_sign) {
+    const float v = std::exp2(mag(rng)) * (any_sign && rng() % 2 ? -1.0f : 1.0f);
+    return FloatToHalf(v);
+  };
+  Weights out;
+  const int64_t rb = RowBytes(type, cols);
+  out.bytes.resize(static_cast<size_t>(rb * rows));
+  for (auto& b : out.bytes) b = static_cast<uint8_t>(rng());
+  for (size_t at = 0; at < out.bytes.size(); at += static_cast<size_t>(f.block_bytes)) {
+    const uint16_t d = half(true);
+    std::memcpy(out.bytes.data() + at + f.d_at, &d, 2);
+    if (f.dmin_at >= 0) {
+      const uint16_t m = half(false);
+      std::memcpy(out.bytes.data() + at + f.dmin_at, &m, 2);
+    }
+  }
+  out.w = WeightMatrix{type, out.bytes.data(), rows, cols};
+  out.dequant.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeRow(type, out.bytes.data() + r * rb, cols, out.dequant.data() + r * cols);
+  }
+  return out;
+}
+
 std::vector<float> RandomActs(int64_t n_tokens, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -55,14 +100,15 @@ struct Shape {
   int64_t rows, cols, n_tokens;
 };
 
-void CheckType(GgmlType type, const std::vector<Shape>& shapes) {
+void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits = false) {
   const char* name = GgmlTypeInfoOf(type).name.data();
   ThreadPool pool2(2);
   ThreadPool pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
   uint32_t seed = 1;
   for (const Shape& s : shapes) {
-    Weights wt = MakeWeights(type, s.rows, s.cols, seed++);
+    Weights wt = random_bits ? RandomBitWeights(type, s.rows, s.cols, seed++)
+                             : MakeWeights(type, s.rows, s.cols, seed++);
     const std::vector<float> x = RandomActs(s.n_tokens, s.cols, seed++);
     std::vector<float> ref_q(static_cast<size_t>(s.n_tokens * s.rows));
     std::vector<float> ref_f(ref_q.size());
@@ -236,6 +282,29 @@ TEST(MatMul, IQ4_XSMatchesReference) {
   ForEachSimdTarget([] {
     CheckType(GgmlType::kIQ4_XS,
               {{1, 256, 1}, {5, 512, 1}, {13, 256, 3}, {9, 256, 9}, {70, 256, 2}, {257, 768, 1}});
+  });
+}
+
+constexpr GgmlType kQuantTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
+                                    GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                                    GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS};
+
+// Every bit pattern of the blocks decodes as the reference does, in the
+// decode matvec and in every token tile (4, 2 and 1 tokens, and their mixes).
+TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
+  ForEachSimdTarget([] {
+    for (GgmlType type : kQuantTypes) {
+      CheckType(type, {{7, 512, 1}, {5, 256, 2}, {3, 256, 7}, {4, 768, 16}, {2, 256, 33}},
+                /*random_bits=*/true);
+    }
+  });
+}
+
+// Batches of the continuous-batching and prefill sizes (token tiles and tails).
+TEST(MatMul, QuantTypesBatchedMatchReference) {
+  ForEachSimdTarget([] {
+    for (GgmlType type : kQuantTypes) CheckType(type, {{6, 256, 6}, {3, 512, 13}, {5, 256, 64}});
   });
 }
 
