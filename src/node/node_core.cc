@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "node/identity.h"
+#include "node/node_core_binding.h"
 #include "shard/step_cancel.h"
 #include "util/crc32c.h"
 #include "util/secret.h"
@@ -103,25 +104,6 @@ void NodeCounters::CountResult(const StepResult& result) {
   }
 }
 
-// Fields other than the immutable session_id are guarded by NodeCore::mu_.
-struct NodeCore::Binding {
-  std::string session_id;
-  std::string secret_digest;  // SHA-256 of the opener's secret
-  int64_t latest_epoch = 0;
-  bool linked = false;
-  std::list<Binding*>::iterator lru_it;
-  // The step in flight, if any.
-  bool in_flight = false;
-  int64_t flight_epoch = 0;
-  uint64_t flight_step = 0;
-  // The last reply, for retries.
-  std::unique_ptr<StepReply> result;
-  int64_t result_epoch = 0;
-  uint64_t result_step = 0;
-  uint32_t result_digest = 0;
-  int64_t result_bytes = 0;
-};
-
 namespace {
 AdmissionOptions WithDefaults(AdmissionOptions a, const Node& node) {
   if (a.max_active == 0) a.max_active = node.manager().config().max_sessions;
@@ -133,7 +115,8 @@ NodeCore::NodeCore(Node* node, NodeCoreOptions options)
     : node_(node),
       options_(options),
       admission_(WithDefaults(options.admission, *node)),
-      instance_id_(RandomId128()) {
+      instance_id_(RandomId128()),
+      corrupt_export_(CorruptExportIndexFromEnv()) {
   if (options_.max_bindings < 1) ThrowInvalidArgument("max_bindings must be >= 1");
   if (options_.replay_cache_bytes < 0) ThrowInvalidArgument("replay_cache_bytes must be >= 0");
 }
@@ -167,7 +150,7 @@ int64_t NodeCore::BytesForTokens(int64_t n_tokens) const {
   return (n_tokens + bt - 1) / bt * bt * node_->adapter().recipe().BytesPerToken();
 }
 
-void NodeCore::Validate(const StepRequest& r) const {
+int64_t NodeCore::Validate(const StepRequest& r) const {
   ValidateSessionKey(r.session_id, r.session_secret, r.route_epoch);
   const int64_t n_tokens = node_->Validate(r);
   const int64_t need = BytesForTokens(n_tokens);
@@ -177,6 +160,7 @@ void NodeCore::Validate(const StepRequest& r) const {
                          std::to_string(need) + " bytes of KV, over this node's whole budget of " +
                          std::to_string(budget));
   }
+  return n_tokens;
 }
 
 NodeCore::BindingPtr NodeCore::FindChecked(const std::string& session_id,
@@ -202,6 +186,11 @@ NodeCore::BindingPtr NodeCore::CreateBinding(const std::string& session_id,
 
 void NodeCore::Unlink(Binding& b) {
   DropCachedResult(b);
+  if (b.move_untold) {
+    --untold_moves_;
+    step_done_.SignalAll();  // WaitMovesTold
+  }
+  b.move_untold = false;
   b.linked = false;
   lru_.erase(b.lru_it);
   const std::string id = b.session_id;
@@ -279,6 +268,12 @@ std::optional<StepReply> NodeCore::BeginFlight(const StepRequest& r, Flight* f) 
     b = CreateBinding(r.session_id, std::move(secret_digest));
   }
   Touch(*b);
+  WaitNotMigratingLocked(*b);
+  if (std::optional<StepReply> gone = MovedOrEndedLocked(*b, r.route_epoch)) {
+    if (!r.prefill) return gone;
+    b->moved_to.clear();  // a fresh context here (not draining: Step checked)
+    b->ended.clear();
+  }
   if (f->step_id != 0) {
     if (std::optional<StepReply> replay = ReplayLocked(*b, *f)) return replay;
   }
@@ -336,7 +331,11 @@ StepReply NodeCore::RunFlight(StepRequest& r, const Flight& f, const ReplyFormat
 StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
   const auto t0 = Clock::now();
   try {
-    Validate(r);
+    const int64_t n_tokens = Validate(r);
+    if (r.prefill && draining()) {
+      throw Error(ErrorKind::kUnavailable,
+                  "node draining: it takes no new sessions; re-plan the route elsewhere");
+    }
     // A new session waits for a slot among the active ones (bounded), polling
     // whether its caller is still there.
     if (r.prefill) admission_.Admit(r.session_id, [] { return shard::StepCancelled(); });
@@ -354,6 +353,9 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
     }
     StepReply reply = RunFlight(r, f, format);
     admission_.Touch(r.session_id);
+    if (r.prefill && !std::holds_alternative<kv::CacheMiss>(reply.result)) {
+      counters_.prefill_tokens.fetch_add(n_tokens, std::memory_order_relaxed);
+    }
     NotePeak();
     counters_.CountResult(reply.result);
     counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -372,6 +374,10 @@ TruncateReply NodeCore::Truncate(const std::string& session_id, const std::strin
     MutexLock lock(&mu_);
     BindingPtr b = FindChecked(session_id, digest);
     if (!b) return UnboundMiss(session_id, route_epoch);
+    WaitNotMigratingLocked(*b);
+    if (std::optional<StepReply> gone = MovedOrEndedLocked(*b, route_epoch)) {
+      return std::get<kv::CacheMiss>(gone->result);
+    }
     DropCachedResult(*b);  // the state changes: an older result must not be replayed
   }
   try {
