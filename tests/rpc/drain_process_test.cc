@@ -278,5 +278,16 @@ TEST_F(DrainProcessTest, AdminDrainWithoutReplicaEndsSessionsAndClientsRePrefill
   EXPECT_EQ(Metric(*mid0_, "meshnet_draining"), 1);
 }
 
+// A client follows "moved to" only to a node it was given: a node cannot
+// redirect a session (and its secret) to an arbitrary address.
+TEST(RemoteRouteProviderMoves, OnlyListedNodesAreFollowed) {
+  auto provider = MakeRemoteRouteProvider({"127.0.0.1:1", "127.0.0.1:2"}, ClientOptions{});
+  const auto listed = provider->EndpointFor("127.0.0.1:2");
+  ASSERT_NE(listed, nullptr);
+  EXPECT_EQ(listed->name(), "127.0.0.1:2");
+  EXPECT_EQ(provider->EndpointFor("10.1.2.3:7000"), nullptr);
+  EXPECT_EQ(provider->EndpointFor(""), nullptr);
+}
+
 }  // namespace
 }  // namespace meshnet::rpc
