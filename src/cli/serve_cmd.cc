@@ -5,8 +5,9 @@
 // The first line on stdout is "listening on HOST:PORT" (the bound port when
 // --listen asks for port 0); with --metrics-listen the second is
 // "metrics on HOST:PORT". Logs go to stderr. SIGINT/SIGTERM stop accepting
-// calls and let in-flight steps finish (up to --grace seconds); before the
-// node serves, or a second time, they end the process at once.
+// calls and let in-flight steps finish (up to --grace seconds); with
+// --drain-to they first hand live sessions to replicas (serve_drain.h); before
+// the node serves, or a second time, they end the process at once.
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -19,11 +20,13 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "cli/serve_drain.h"
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
 #include "model/hparams.h"
 #include "node/layer_range.h"
 #include "node/node.h"
+#include "rpc/remote.h"
 #include "rpc/server.h"
 #include "util/error.h"
 #include "util/sizes.h"
@@ -58,6 +61,7 @@ struct ServeFlags {
   double active_window_s = 30.0;
   int max_calls_per_peer = 32;
   BatchFlags batch;
+  std::string drain_to;  // host:port,... of replicas to hand sessions to on a stop signal
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -118,7 +122,10 @@ int RunServe(const ServeFlags& f) {
   options.admission.max_wait_s = f.admission_wait_s;
   options.admission.max_waiting = f.admission_queue;
   options.admission.active_window_s = f.active_window_s;
+  options.peers = DrainPeerOptions(options);
   options.Validate();
+  const std::vector<std::string> drain_to =
+      f.drain_to.empty() ? std::vector<std::string>{} : rpc::ParseNodeList(f.drain_to);
 
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
@@ -146,9 +153,9 @@ int RunServe(const ServeFlags& f) {
 
   stop.Arm();
   const int sig = stop.Wait();
-  spdlog::info("event=stopping signal={} grace_s={}", sig == SIGINT ? "SIGINT" : "SIGTERM",
-               f.grace_s);
-  server.Shutdown(f.grace_s);
+  spdlog::info("event=stopping signal={} grace_s={} drain_to={}",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s, f.drain_to);
+  StopServing(server, drain_to, f.grace_s);
   spdlog::info("event=stopped");
   return 0;
 }
@@ -220,6 +227,10 @@ const CommandRegistrar kRegistrar(
            ->capture_default_str()
            ->check(IntRange(1, kMaxRpcThreads));
        AddBatchFlags(sub, &f->batch, "this node");
+       sub->add_option("--drain-to", f->drain_to,
+                       "On SIGINT/SIGTERM, hand live sessions (their verified KV) to these "
+                       "replicas of the same layer range (host:port,...) within --grace, "
+                       "instead of letting them re-prefill elsewhere");
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 

@@ -18,6 +18,8 @@ std::string_view CacheMissReasonName(CacheMissReason r) {
       return "superseded-epoch";
     case CacheMissReason::kSeqLenMismatch:
       return "seq-len-mismatch";
+    case CacheMissReason::kMoved:
+      return "moved";
   }
   return "unknown";
 }
@@ -53,6 +55,9 @@ std::string CacheMiss::ToString() const {
   out += CacheMissReasonName(reason);
   out += ")";
   if (!detail.empty()) out += ": " + detail;
+  if (!moved_to.empty() && detail.find(moved_to) == std::string::npos) {
+    out += " (moved to " + moved_to + ")";
+  }
   return out;
 }
 

@@ -17,11 +17,14 @@ enum class CacheMissReason {
   kReleased,
   kSupersededEpoch,
   kSeqLenMismatch,
+  // The session's KV moved to another node (CacheMiss::moved_to); answered by
+  // a node that drained or handed it over, never by the KV manager itself.
+  kMoved,
 };
-inline constexpr int kNumCacheMissReasons = 6;
+inline constexpr int kNumCacheMissReasons = 7;
 
 // "unknown-session", "evicted-ttl", "evicted-lru", "released",
-// "superseded-epoch", "seq-len-mismatch".
+// "superseded-epoch", "seq-len-mismatch", "moved".
 std::string_view CacheMissReasonName(CacheMissReason r);
 
 // The first 8 characters (code points) of a session id, as the reference's
@@ -33,6 +36,7 @@ struct CacheMiss {
   int64_t route_epoch = 0;
   CacheMissReason reason = CacheMissReason::kUnknownSession;
   std::string detail;
+  std::string moved_to{};  // kMoved: "host:port" of the node that holds it now
   // "cache miss for session <first 8 chars> epoch E (reason)[: detail]"
   std::string ToString() const;
 };

@@ -43,18 +43,42 @@ struct StepOutcome {
   std::optional<kv::CacheMiss> miss;        // some hop lost its state
   const ShardEndpoint* dead_hop = nullptr;  // some hop is unreachable
   std::string dead_reason;
+  int moves = 0;                            // hops that followed a "moved to"
   const ShardEndpoint* busy_hop = nullptr;  // some hop refused it for now (admission)
   std::string busy_reason;
 };
 
-StepOutcome RunRouteStep(const Route& route, const std::string& session, const std::string& secret,
-                         int64_t epoch, uint64_t step_id, bool prefill,
+// At most this many "moved to" redirects per hop and step (a chain of drains).
+constexpr int kMaxMovesPerHop = 4;
+
+// Runs `req` on hop i of `route`, following "moved to" answers to nodes the
+// provider knows (the hop is replaced in `route`). A decode request is kept
+// for the re-send; a prefill is not (it is never answered "moved").
+StepResult StepHop(Route& route, size_t i, StepRequest req, RouteProvider& provider, int* moves) {
+  for (int redirects = 0;; ++redirects) {
+    std::optional<StepRequest> again;
+    if (!req.prefill) again = req;
+    StepResult result = route.hops[i]->Step(std::move(req));
+    auto* miss = std::get_if<kv::CacheMiss>(&result);
+    if (miss == nullptr || miss->reason != kv::CacheMissReason::kMoved || !again ||
+        redirects >= kMaxMovesPerHop) {
+      return result;
+    }
+    std::shared_ptr<ShardEndpoint> next = provider.EndpointFor(miss->moved_to);
+    if (!next) return result;
+    route.hops[i] = std::move(next);
+    ++*moves;
+    req = std::move(*again);
+  }
+}
+
+StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const std::string& session,
+                         const std::string& secret, int64_t epoch, uint64_t step_id, bool prefill,
                          std::span<const int32_t> tokens, std::optional<int64_t> expected,
                          const shard::SamplingContract& sampling) {
   StepOutcome out;
   std::optional<shard::BoundaryBundle> bundle;
   for (size_t i = 0; i < route.hops.size(); ++i) {
-    ShardEndpoint& hop = *route.hops[i];
     StepRequest req;
     req.session_id = session;
     req.session_secret = secret;
@@ -71,8 +95,9 @@ StepOutcome RunRouteStep(const Route& route, const std::string& session, const s
     }
     StepResult result;
     try {
-      result = hop.Step(std::move(req));
+      result = StepHop(route, i, std::move(req), provider, &out.moves);
     } catch (const Error& e) {
+      ShardEndpoint& hop = *route.hops[i];
       if (e.kind() == ErrorKind::kResourceExhausted) {
         out.busy_hop = &hop;
         out.busy_reason = e.what();
@@ -83,6 +108,7 @@ StepOutcome RunRouteStep(const Route& route, const std::string& session, const s
       out.dead_reason = e.what();
       return out;
     }
+    const ShardEndpoint& hop = *route.hops[i];
     if (auto* miss = std::get_if<kv::CacheMiss>(&result)) {
       out.miss = std::move(*miss);
       return out;
@@ -202,8 +228,12 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
         prefill ? std::span<const int32_t>(history) : std::span<const int32_t>(&history.back(), 1);
     std::optional<int64_t> expected;
     if (!prefill) expected = static_cast<int64_t>(history.size()) - 1;
-    StepOutcome step = RunRouteStep(route, session, secret, epoch, ++step_id, prefill, tokens,
-                                    expected, options.sampling);
+    StepOutcome step = RunRouteStep(route, provider, session, secret, epoch, ++step_id, prefill,
+                                    tokens, expected, options.sampling);
+    if (step.moves > 0) {
+      result.moves += step.moves;
+      releaser.Add(route);  // the new node holds the session now
+    }
     if (step.busy_hop != nullptr) {
       if (std::chrono::steady_clock::now() >= busy_until) {
         throw Error(ErrorKind::kResourceExhausted, "still busy after " +

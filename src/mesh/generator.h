@@ -12,6 +12,10 @@
 //   failovers. The head keeps the token history, so nothing is lost.
 //   * a busy hop (Error kResourceExhausted): wait (backoff with jitter) and
 //     send the step again, for up to busy_retry_s; not a recovery.
+//   * a hop answering "moved to ADDR" (CacheMiss kMoved, its node drained):
+//     the same step goes to ADDR (RouteProvider::EndpointFor), which holds
+//     the session's verified KV, and the route keeps ADDR for that hop: no
+//     re-prefill, not a recovery. Unknown ADDR: re-prefill as for a miss.
 //   * every exit (done, error, cancelled) releases the session on every hop
 //     that may hold it.
 //
@@ -45,6 +49,13 @@ class RouteProvider {
   // Error(kUnavailable) naming the uncovered layers when none exists.
   virtual Route Plan() = 0;
   virtual void MarkDead(const ShardEndpoint& endpoint) = 0;
+  // The endpoint for a node a hop said the session moved to (a drain handed
+  // its KV over), or nullptr: then the client re-prefills. Only nodes the
+  // provider already knows qualify, so a node cannot redirect a client (and
+  // its session secret) to an arbitrary address.
+  virtual std::shared_ptr<ShardEndpoint> EndpointFor(const std::string& /*address*/) {
+    return nullptr;
+  }
 };
 
 // A provider over a fixed route (in-process shards): Plan() returns it until
@@ -104,6 +115,7 @@ struct GenerateResult {
   std::string final_route;
   bool stopped = false;     // ended by events.stop_requested
   int busy_retries = 0;     // steps re-sent after a hop was busy
+  int moves = 0;            // hops that continued on the node the session moved to
   std::string stop_reason;  // "max_tokens", "eos", "context_length" or "stopped"
 };
 

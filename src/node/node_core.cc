@@ -120,7 +120,8 @@ NodeCore::NodeCore(Node* node, NodeCoreOptions options)
     : node_(node),
       options_(options),
       admission_(WithDefaults(options.admission, *node)),
-      instance_id_(RandomId128()) {
+      instance_id_(RandomId128()),
+      corrupt_export_(CorruptExportIndexFromEnv()) {
   if (options_.max_bindings < 1) ThrowInvalidArgument("max_bindings must be >= 1");
   if (options_.replay_cache_bytes < 0) ThrowInvalidArgument("replay_cache_bytes must be >= 0");
 }
@@ -154,7 +155,7 @@ int64_t NodeCore::BytesForTokens(int64_t n_tokens) const {
   return (n_tokens + bt - 1) / bt * bt * node_->adapter().recipe().BytesPerToken();
 }
 
-void NodeCore::Validate(const StepRequest& r) const {
+int64_t NodeCore::Validate(const StepRequest& r) const {
   ValidateSessionKey(r.session_id, r.session_secret, r.route_epoch);
   const int64_t n_tokens = node_->Validate(r);
   const int64_t need = BytesForTokens(n_tokens);
@@ -164,6 +165,7 @@ void NodeCore::Validate(const StepRequest& r) const {
                          std::to_string(need) + " bytes of KV, over this node's whole budget of " +
                          std::to_string(budget));
   }
+  return n_tokens;
 }
 
 NodeCore::BindingPtr NodeCore::FindChecked(const std::string& session_id,
@@ -191,6 +193,11 @@ NodeCore::BindingPtr NodeCore::CreateBinding(const std::string& session_id,
 void NodeCore::Unlink(Binding& b) {
   Held(b);
   DropCachedResult(b);
+  if (b.move_untold) {
+    --untold_moves_;
+    step_done_.SignalAll();  // WaitMovesTold
+  }
+  b.move_untold = false;
   b.linked = false;
   lru_.erase(b.lru_it);
   const std::string id = b.session_id;
@@ -273,6 +280,12 @@ std::optional<StepReply> NodeCore::BeginFlight(const StepRequest& r, Flight* f) 
   }
   Touch(*b);
   Held(*b);
+  WaitNotMigratingLocked(*b);
+  if (std::optional<StepReply> gone = MovedOrEndedLocked(*b, r.route_epoch)) {
+    if (!r.prefill) return gone;
+    b->moved_to.clear();  // a fresh context here (not draining: Step checked)
+    b->ended.clear();
+  }
   if (f->step_id != 0) {
     if (std::optional<StepReply> replay = ReplayLocked(*b, *f)) return replay;
   }
@@ -332,7 +345,11 @@ StepReply NodeCore::RunFlight(StepRequest& r, const Flight& f, const ReplyFormat
 StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
   const auto t0 = Clock::now();
   try {
-    Validate(r);
+    const int64_t n_tokens = Validate(r);
+    if (r.prefill && draining()) {
+      throw Error(ErrorKind::kUnavailable,
+                  "node draining: it takes no new sessions; re-plan the route elsewhere");
+    }
     // A new session waits for a slot among the active ones (bounded), polling
     // whether its caller is still there.
     if (r.prefill) admission_.Admit(r.session_id, [] { return shard::StepCancelled(); });
@@ -350,6 +367,9 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
     }
     StepReply reply = RunFlight(r, f, format);
     admission_.Touch(r.session_id);
+    if (r.prefill && !std::holds_alternative<kv::CacheMiss>(reply.result)) {
+      counters_.prefill_tokens.fetch_add(n_tokens, std::memory_order_relaxed);
+    }
     NotePeak();
     counters_.CountResult(reply.result);
     counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -368,6 +388,10 @@ TruncateReply NodeCore::Truncate(const std::string& session_id, const std::strin
     MutexLock lock(&mu_);
     BindingPtr b = FindChecked(session_id, digest);
     if (!b) return UnboundMiss(session_id, route_epoch);
+    WaitNotMigratingLocked(*b);
+    if (std::optional<StepReply> gone = MovedOrEndedLocked(*b, route_epoch)) {
+      return std::get<kv::CacheMiss>(gone->result);
+    }
     DropCachedResult(*b);  // the state changes: an older result must not be replayed
   }
   try {

@@ -35,8 +35,10 @@
 #include <string>
 #include <unordered_map>
 #include <variant>
+#include <vector>
 
 #include "node/admission.h"
+#include "node/migration.h"
 #include "node/node.h"
 #include "node/step.h"
 #include "util/dtype.h"
@@ -82,6 +84,17 @@ struct NodeCounters {
   std::atomic<int64_t> latency_count{0};
   std::atomic<int64_t> latency_sum_nanos{0};
   std::atomic<int64_t> kv_bytes_reserved_peak{0};
+  // Positions run by prefill steps (a re-prefill shows here).
+  std::atomic<int64_t> prefill_tokens{0};
+  // Migration (node/migration.h).
+  std::atomic<int64_t> sessions_exported{0};       // exports read to the end
+  std::atomic<int64_t> sessions_imported{0};       // imports verified and loaded
+  std::atomic<int64_t> imports_rejected{0};        // imports refused, nothing loaded
+  std::atomic<int64_t> import_chunks_verified{0};  // chunks whose CRC32C matched
+  std::atomic<int64_t> import_bytes{0};            // KV bytes loaded by imports
+  std::atomic<int64_t> sessions_moved{0};          // handed over to another node
+  std::atomic<int64_t> sessions_ended{0};          // ended by a drain (explicit miss)
+  std::atomic<int64_t> moved_answers{0};           // steps answered "moved to"
 
   void ObserveLatency(double seconds);
   void CountError(ErrorKind kind);
@@ -103,6 +116,38 @@ class NodeCore {
                          int64_t route_epoch, int64_t length);
   // Whether state was held.
   bool Release(const std::string& session_id, const std::string& secret, int64_t route_epoch);
+
+  // --- Migration (node/migration.h, node_core_migrate.cc) ---------------------
+  // Claims a bound session with live state (waits for its step in flight; its
+  // later steps, truncates wait until the exporter goes) and returns an
+  // exporter of its KV. `secret`: the caller must know the session's secret;
+  // nullptr: the node's own drain. kPermissionDenied for another secret,
+  // Error(kCacheMiss) when no live state is held, kSessionBusy when another
+  // export holds it.
+  std::unique_ptr<SessionExporter> BeginExport(const std::string& session_id,
+                                               const std::string* secret);
+  // After the target verified and loaded the export (its exporter still
+  // alive): the local state goes; later steps get a kMoved miss naming
+  // `moved_to`.
+  void MarkMoved(const std::string& session_id, const std::string& moved_to);
+  // Drops a session's state; later steps get a kReleased miss with `detail`.
+  void EndSession(const std::string& session_id, const std::string& detail);
+  // Verifies an import's header against this node (identity, range, recipe,
+  // dtype, shapes, budget; refused while draining).
+  std::unique_ptr<SessionImporter> BeginImport(SessionExportHeader header);
+  // Loads a finished (verified) import: binding, admission slot, KV rows.
+  // Anything failing leaves nothing behind. Returns the positions loaded.
+  int64_t CommitImport(SessionImporter& importer);
+  // From now on new sessions (prefills) get Error(kUnavailable, "draining").
+  void StartDraining();
+  bool draining() const { return draining_.load(); }
+  // Sessions bound here with state that is neither moved nor ended.
+  std::vector<std::string> MovableSessions() EXCLUDES(mu_);
+  // Moved sessions whose client has not been told yet.
+  int64_t UntoldMoves() const EXCLUDES(mu_);
+  // Waits until every moved session's client was told (or released it), up
+  // to `seconds`; whether all were.
+  bool WaitMovesTold(double seconds) EXCLUDES(mu_);
 
   Node& node() const { return *node_; }
   kv::HotKvStateManager& manager() const { return node_->manager(); }
@@ -133,6 +178,13 @@ class NodeCore {
     uint64_t result_step GUARDED_BY(mu) = 0;
     uint32_t result_digest GUARDED_BY(mu) = 0;
     int64_t result_bytes GUARDED_BY(mu) = 0;
+    // Migration (node_core_migrate.cc): an export or import holds the session
+    // (its steps wait); once moved, steps are answered with a kMoved miss; a
+    // session a drain ended is answered with `ended` as the miss detail.
+    bool migrating GUARDED_BY(mu) = false;
+    std::string moved_to GUARDED_BY(mu);
+    std::string ended GUARDED_BY(mu);
+    bool move_untold GUARDED_BY(mu) = false;  // moved, and no step has been told yet
   };
   using BindingPtr = std::shared_ptr<Binding>;
   // The step being run: its binding and its retry key.
@@ -143,10 +195,17 @@ class NodeCore {
     uint32_t digest = 0;  // RequestDigest of the request and reply format
   };
 
-  void Validate(const StepRequest& r) const;
   // Tells the thread-safety analysis that `b`'s fields, guarded by b.mu (which
   // is mu_), may be used: mu_ is held.
   void Held(const Binding& b) const REQUIRES(mu_) ASSERT_CAPABILITY(b.mu);
+  // Returns the positions the step adds.
+  int64_t Validate(const StepRequest& r) const;
+  // The miss for a moved or ended binding, if it is one.
+  std::optional<StepReply> MovedOrEndedLocked(Binding& b, int64_t epoch) REQUIRES(mu_);
+  // Waits (bounded) while an export or import holds the binding.
+  void WaitNotMigratingLocked(Binding& b) REQUIRES(mu_);
+  void EndClaim(const BindingPtr& b) EXCLUDES(mu_);
+  SessionExportHeader SelfHeader() const;
   // Binds or finds the session and claims the step (filling `flight`), or
   // answers it at once: a miss for an unbound session, the cached result of a
   // retry.
@@ -177,6 +236,9 @@ class NodeCore {
   SessionAdmission admission_;
   std::string instance_id_;
   NodeCounters counters_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> exports_started_{0};
+  const int64_t corrupt_export_;  // test hook (node/migration.h)
 
   mutable Mutex mu_;
   CondVar step_done_{&mu_};  // a flight ended
@@ -184,6 +246,7 @@ class NodeCore {
   // Every binding in bindings_ is on lru_ (front = most recent).
   std::list<Binding*> lru_ GUARDED_BY(mu_);
   int64_t cached_bytes_ GUARDED_BY(mu_) = 0;  // sum of cached result sizes
+  int64_t untold_moves_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace meshnet::node

@@ -189,6 +189,8 @@ pb::CacheMissReason ToWireReason(kv::CacheMissReason r) {
       return pb::CACHE_MISS_SUPERSEDED_EPOCH;
     case kv::CacheMissReason::kSeqLenMismatch:
       return pb::CACHE_MISS_SEQ_LEN_MISMATCH;
+    case kv::CacheMissReason::kMoved:
+      return pb::CACHE_MISS_MOVED;
   }
   return pb::CACHE_MISS_REASON_UNSPECIFIED;
 }
@@ -207,6 +209,8 @@ kv::CacheMissReason FromWireReason(int wire) {
       return kv::CacheMissReason::kSupersededEpoch;
     case pb::CACHE_MISS_SEQ_LEN_MISMATCH:
       return kv::CacheMissReason::kSeqLenMismatch;
+    case pb::CACHE_MISS_MOVED:
+      return kv::CacheMissReason::kMoved;
     default:
       break;
   }
@@ -219,6 +223,7 @@ void EncodeCacheMiss(const kv::CacheMiss& m, pb::CacheMiss* out) {
   out->set_route_epoch(m.route_epoch);
   out->set_reason(ToWireReason(m.reason));
   out->set_detail(m.detail);
+  out->set_moved_to(m.moved_to);
 }
 
 kv::CacheMiss DecodeCacheMiss(const pb::CacheMiss& in) {
@@ -227,6 +232,7 @@ kv::CacheMiss DecodeCacheMiss(const pb::CacheMiss& in) {
   m.route_epoch = in.route_epoch();
   m.reason = FromWireReason(in.reason());
   m.detail = in.detail();
+  m.moved_to = in.moved_to();
   return m;
 }
 

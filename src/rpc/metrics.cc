@@ -1,5 +1,6 @@
 #include "rpc/metrics.h"
 
+#include <atomic>
 #include <string>
 
 #include "kv/cache_miss.h"
@@ -116,6 +117,36 @@ void AddStepCounters(std::vector<MetricFamily>& out, const node::NodeCounters& c
   out.push_back(std::move(errors));
 }
 
+void AddCounter(std::vector<MetricFamily>& out, const char* name, const char* help,
+                const std::atomic<int64_t>& v) {
+  MetricFamily f = Family(name, help, MetricType::Counter);
+  f.metric.push_back(Counter(static_cast<double>(v.load())));
+  out.push_back(std::move(f));
+}
+
+// Prefill positions and session migration (node/migration.h, rpc/drain.h).
+void AddMigrationCounters(std::vector<MetricFamily>& out, const node::NodeCounters& c,
+                          bool draining) {
+  AddCounter(out, "meshnet_prefill_tokens_total", "Positions run by prefill steps",
+             c.prefill_tokens);
+  AddCounter(out, "meshnet_sessions_exported_total", "Sessions exported to their owner",
+             c.sessions_exported);
+  AddCounter(out, "meshnet_sessions_imported_total",
+             "Sessions imported (every chunk and the digest verified)", c.sessions_imported);
+  AddCounter(out, "meshnet_imports_rejected_total", "Imports refused; nothing loaded",
+             c.imports_rejected);
+  AddCounter(out, "meshnet_import_chunks_verified_total",
+             "KV chunks of loaded imports whose CRC32C matched", c.import_chunks_verified);
+  AddCounter(out, "meshnet_import_bytes_total", "KV bytes loaded by imports", c.import_bytes);
+  AddCounter(out, "meshnet_sessions_moved_total", "Sessions handed over to another node",
+             c.sessions_moved);
+  AddCounter(out, "meshnet_sessions_ended_total", "Sessions a drain ended with a miss",
+             c.sessions_ended);
+  AddCounter(out, "meshnet_moved_answers_total", "Steps answered 'moved to'", c.moved_answers);
+  AddGauge(out, "meshnet_draining", "1 while the node drains (takes no new sessions)",
+           draining ? 1 : 0);
+}
+
 void AddLatency(std::vector<MetricFamily>& out, const node::NodeCounters& c) {
   MetricFamily lat =
       Family("meshnet_step_latency_seconds", "Step latency on the node", MetricType::Histogram);
@@ -146,6 +177,7 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   AddKvCounters(out, s);
   AddStepCounters(out, c, s.pinned_waits);
   AddLatency(out, c);
+  AddMigrationCounters(out, c, core_->draining());
   return out;
 }
 

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "rpc/drain.h"
+#include "rpc/migrate.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -43,6 +45,31 @@ void NodeService::Truncate(const pb::TruncateRequest& request, pb::TruncateRespo
 void NodeService::Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response) {
   response->set_released(
       core_.Release(request.session_id(), request.session_secret(), request.route_epoch()));
+}
+
+void NodeService::ExportSession(const pb::ExportSessionRequest& request,
+                                const std::function<bool(const pb::SessionChunk&)>& write) {
+  ServeExport(core_, request, write);
+}
+
+void NodeService::ImportSession(const std::function<bool(pb::SessionChunk*)>& read,
+                                pb::ImportSessionResponse* response) {
+  ServeImport(core_, read, response);
+}
+
+void NodeService::Drain(const pb::DrainRequest& request, pb::DrainResponse* response) {
+  DrainOptions o;
+  o.find_replicas =
+      StaticReplicas(std::vector<std::string>(request.targets().begin(), request.targets().end()));
+  o.client = peers_;
+  o.deadline_s = peers_.timeout_s;
+  const DrainReport r = DrainSessions(core_, o);
+  response->set_sessions(r.sessions);
+  response->set_moved(r.moved);
+  response->set_ended(r.ended);
+  response->set_bytes_moved(r.bytes_moved);
+  response->set_seconds(r.seconds);
+  for (const auto& n : r.notes) response->add_notes(n);
 }
 
 }  // namespace meshnet::rpc

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "node/node.h"
 #include "node/node_core.h"
 #include "rpc/codec.h"
+#include "rpc/options.h"
 
 namespace meshnet::rpc {
 
@@ -25,6 +27,16 @@ class NodeService {
   void Step(const pb::StepRequest& request, pb::StepResponse* response);
   void Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response);
   void Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response);
+  // Session migration (rpc/migrate.h, rpc/drain.h). `write` / `read` return
+  // false when the stream is closed / at its end.
+  void ExportSession(const pb::ExportSessionRequest& request,
+                     const std::function<bool(const pb::SessionChunk&)>& write);
+  void ImportSession(const std::function<bool(pb::SessionChunk*)>& read,
+                     pb::ImportSessionResponse* response);
+  // Drains to the request's targets, reached with `peers` (set_peer_options).
+  void Drain(const pb::DrainRequest& request, pb::DrainResponse* response);
+  void set_peer_options(const ClientOptions& peers) { peers_ = peers; }
+  const ClientOptions& peer_options() const { return peers_; }
 
   node::NodeCore& core() { return core_; }
   node::NodeCounters& counters() { return core_.counters(); }
@@ -32,6 +44,7 @@ class NodeService {
 
  private:
   node::NodeCore core_;
+  ClientOptions peers_;
 };
 
 }  // namespace meshnet::rpc

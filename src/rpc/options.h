@@ -64,6 +64,9 @@ struct NodeServerOptions {
   int max_streams = 8;               // concurrent StepStream calls (each pins a handler thread)
   int max_calls_per_peer = 32;       // concurrent Step/StepStream/Truncate calls per client address
   node::AdmissionOptions admission;  // new sessions when the node is full (node/admission.h)
+  // How this node reaches replicas when it drains (rpc/drain.h); an empty
+  // auth_token there means this node's own cluster token.
+  ClientOptions peers;
 
   void Validate() const;
 };

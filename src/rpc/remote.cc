@@ -16,6 +16,7 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/codec.h"
+#include "rpc/migrate.h"
 #include "rpc/status.h"
 #include "util/error.h"
 #include "util/mutex.h"
@@ -46,6 +47,8 @@ std::chrono::system_clock::time_point After(double seconds) {
          std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
 }
 
+}  // namespace
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ClientOptions& o) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -71,6 +74,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cli
   }
   return grpc::CreateCustomChannel(address, creds, args);
 }
+
+namespace {
 
 NodeInfo DecodeClientInfo(const pb::InfoResponse& r) {
   NodeInfo info;
@@ -364,6 +369,14 @@ RemoteRouteProvider::~RemoteRouteProvider() = default;
 
 const std::vector<std::shared_ptr<RemoteEndpoint>>& RemoteRouteProvider::endpoints() const {
   return impl_->endpoints;
+}
+
+std::shared_ptr<mesh::ShardEndpoint> RemoteRouteProvider::EndpointFor(const std::string& address) {
+  for (const auto& ep : impl_->endpoints) {
+    if (ep->name() == address) return ep;
+  }
+  Log().warn("event=move_ignored to={} reason=\"not one of --nodes\"", address);
+  return nullptr;
 }
 
 void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {

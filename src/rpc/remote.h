@@ -91,6 +91,8 @@ class RemoteRouteProvider final : public mesh::RouteProvider {
 
   mesh::Route Plan() override;
   void MarkDead(const mesh::ShardEndpoint& endpoint) override;
+  // One of the listed nodes (a session moved there), else nullptr.
+  std::shared_ptr<mesh::ShardEndpoint> EndpointFor(const std::string& address) override;
   const std::vector<std::shared_ptr<RemoteEndpoint>>& endpoints() const;
 
  private:

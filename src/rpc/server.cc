@@ -147,6 +147,28 @@ class MeshNodeService final : public pb::MeshNode::Service {
     return Run(ctx, [&] { core_->Release(*req, out); });
   }
 
+  grpc::Status ExportSession(grpc::ServerContext* ctx, const pb::ExportSessionRequest* req,
+                             grpc::ServerWriter<pb::SessionChunk>* writer) override {
+    return Run(ctx, [&] {
+      PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+      core_->ExportSession(*req, [&](const pb::SessionChunk& m) { return writer->Write(m); });
+    });
+  }
+
+  grpc::Status ImportSession(grpc::ServerContext* ctx, grpc::ServerReader<pb::SessionChunk>* reader,
+                             pb::ImportSessionResponse* out) override {
+    return Run(ctx, [&] {
+      PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+      shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+      core_->ImportSession([&](pb::SessionChunk* m) { return reader->Read(m); }, out);
+    });
+  }
+
+  grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req,
+                     pb::DrainResponse* out) override {
+    return Run(ctx, [&] { core_->Drain(*req, out); });
+  }
+
  private:
   // A step under the caller's per-peer limit, cancelled between layers and
   // prefill chunks once its call is (deadline passed, client gone, or the
@@ -231,7 +253,18 @@ struct NodeServer::Impl {
 
 NodeServer::NodeServer(node::Node* node, NodeServerOptions options) {
   options.Validate();
+  if (options.peers.auth_token.empty()) options.peers.auth_token = options.auth_token;
   impl_ = std::make_unique<Impl>(node, std::move(options));
+  impl_->node_service.set_peer_options(impl_->options.peers);
+}
+
+DrainReport NodeServer::Drain(DrainOptions options) {
+  if (options.client.auth_token.empty()) options.client = impl_->options.peers;
+  return DrainSessions(impl_->node_service.core(), options);
+}
+
+bool NodeServer::WaitMovesTold(double seconds) {
+  return impl_->node_service.core().WaitMovesTold(seconds);
 }
 
 NodeServer::~NodeServer() { Shutdown(0); }

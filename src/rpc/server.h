@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "rpc/drain.h"
 #include "rpc/options.h"
 
 namespace meshnet::node {
@@ -42,6 +43,12 @@ class NodeServer {
   std::string metrics_address() const;
   // The random id of this process's node (changes on restart).
   std::string instance_id() const;
+  // Stops taking new sessions and moves live ones (rpc/drain.h); the node
+  // keeps serving (moved sessions' next steps learn where they went).
+  // `options.client` empty of a token: the server's peer options.
+  DrainReport Drain(DrainOptions options);
+  // Waits up to `seconds` until every moved session's client was told.
+  bool WaitMovesTold(double seconds);
   // Stops accepting calls and waits up to `grace_seconds` for in-flight calls,
   // then cancels the rest. Idempotent.
   void Shutdown(double grace_seconds);

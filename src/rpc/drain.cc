@@ -1,0 +1,108 @@
+#include "rpc/drain.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "proto/meshnet.grpc.pb.h"
+#include "rpc/auth.h"
+#include "rpc/migrate.h"
+#include "rpc/status.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr const char* kEndedDetail =
+    "node draining: no replica took the session; re-prefill on another route";
+
+// Moves one session to the first replica that takes it, or ends it.
+void DrainOne(node::NodeCore& core, const std::string& id, const node::ShardInfo& self,
+              const DrainOptions& o, bool out_of_time, DrainReport* report) {
+  std::unique_ptr<node::SessionExporter> exp;
+  try {
+    exp = core.BeginExport(id, nullptr);
+  } catch (const Error& e) {
+    // No live state (already a miss for its client) or busy past the wait.
+    report->notes.push_back("session " + id.substr(0, 8) + ": not exported (" + e.what() + ")");
+    core.EndSession(id, kEndedDetail);
+    ++report->ended;
+    return;
+  }
+  const int64_t bytes = exp->header().seq_len * exp->header().bytes_per_token;
+  std::vector<std::string> targets;
+  if (o.find_replicas && !out_of_time) targets = o.find_replicas(self, bytes);
+  for (const std::string& target : targets) {
+    try {
+      report->bytes_moved += PushSession(*exp, target, o.client);
+      core.MarkMoved(id, target);
+      ++report->moved;
+      spdlog::info("event=session_moved session={} to={} bytes={}", id.substr(0, 8), target, bytes);
+      return;
+    } catch (const Error& e) {
+      report->notes.push_back("session " + id.substr(0, 8) + ": " + target + " refused (" +
+                              e.what() + ")");
+      spdlog::warn("event=move_refused session={} to={} message=\"{}\"", id.substr(0, 8), target,
+                   e.what());
+    }
+  }
+  exp.reset();  // ends the claim
+  core.EndSession(id, kEndedDetail);
+  ++report->ended;
+}
+
+}  // namespace
+
+ReplicaFinder StaticReplicas(std::vector<std::string> addresses) {
+  return [addresses = std::move(addresses)](const node::ShardInfo&, int64_t) { return addresses; };
+}
+
+DrainReport DrainSessions(node::NodeCore& core, const DrainOptions& options) {
+  const auto t0 = SteadyClock::now();
+  const auto deadline =
+      t0 + std::chrono::milliseconds(static_cast<int64_t>(options.deadline_s * 1000));
+  core.StartDraining();
+  DrainReport report;
+  const std::vector<std::string> ids = core.MovableSessions();
+  report.sessions = static_cast<int64_t>(ids.size());
+  const node::ShardInfo self = core.node().Info();
+  spdlog::info("event=drain_begin sessions={}", ids.size());
+  for (const std::string& id : ids) {
+    DrainOne(core, id, self, options, SteadyClock::now() >= deadline, &report);
+  }
+  report.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  spdlog::info("event=drain_end sessions={} moved={} ended={} bytes={} seconds={:.3f}",
+               report.sessions, report.moved, report.ended, report.bytes_moved, report.seconds);
+  return report;
+}
+
+DrainReport RequestDrain(const std::string& address, const std::vector<std::string>& targets,
+                         const ClientOptions& options) {
+  options.Validate();
+  auto stub = pb::MeshNode::NewStub(MakeChannel(address, options));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
+  if (!options.auth_token.empty())
+    ctx.AddMetadata("authorization", BearerValue(options.auth_token));
+  pb::DrainRequest req;
+  for (const auto& t : targets) req.add_targets(t);
+  pb::DrainResponse resp;
+  const grpc::Status s = stub->Drain(&ctx, req, &resp);
+  if (!s.ok()) ThrowForStatus(s, ctx, address, "Drain");
+  DrainReport r;
+  r.sessions = resp.sessions();
+  r.moved = resp.moved();
+  r.ended = resp.ended();
+  r.bytes_moved = resp.bytes_moved();
+  r.seconds = resp.seconds();
+  r.notes.assign(resp.notes().begin(), resp.notes().end());
+  return r;
+}
+
+}  // namespace meshnet::rpc

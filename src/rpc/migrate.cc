@@ -1,0 +1,163 @@
+#include "rpc/migrate.h"
+
+#include <chrono>
+#include <utility>
+
+#include "node/identity.h"
+#include "proto/meshnet.grpc.pb.h"
+#include "rpc/auth.h"
+#include "rpc/codec.h"
+#include "rpc/status.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+
+void EncodeExportHeader(const node::SessionExportHeader& h, pb::SessionExportHeader* out) {
+  out->set_model_id(h.model_id);
+  out->set_architecture(h.architecture);
+  out->set_start_layer(h.start_layer);
+  out->set_end_layer(h.end_layer);
+  out->set_total_layers(h.total_layers);
+  out->set_recipe_fingerprint(h.recipe_fingerprint);
+  out->set_kv_dtype(ToWireDtype(h.kv_dtype));
+  out->set_n_kv_heads(h.n_kv_heads);
+  out->set_head_dim(h.head_dim);
+  out->set_session_id(h.session_id);
+  out->set_secret_sha256(h.secret_sha256);
+  out->set_route_epoch(h.route_epoch);
+  out->set_seq_len(h.seq_len);
+  out->set_positions_per_chunk(h.positions_per_chunk);
+  out->set_n_chunks(h.n_chunks);
+  out->set_bytes_per_token(h.bytes_per_token);
+}
+
+node::SessionExportHeader DecodeExportHeader(const pb::SessionExportHeader& in) {
+  node::SessionExportHeader h;
+  h.model_id = in.model_id();
+  h.architecture = in.architecture();
+  h.start_layer = in.start_layer();
+  h.end_layer = in.end_layer();
+  h.total_layers = in.total_layers();
+  h.recipe_fingerprint = in.recipe_fingerprint();
+  h.kv_dtype = FromWireDtype(in.kv_dtype());
+  h.n_kv_heads = in.n_kv_heads();
+  h.head_dim = in.head_dim();
+  h.session_id = in.session_id();
+  h.secret_sha256 = in.secret_sha256();
+  h.route_epoch = in.route_epoch();
+  h.seq_len = in.seq_len();
+  h.positions_per_chunk = in.positions_per_chunk();
+  h.n_chunks = in.n_chunks();
+  h.bytes_per_token = in.bytes_per_token();
+  return h;
+}
+
+bool WriteExport(node::SessionExporter& exporter,
+                 const std::function<bool(const pb::SessionChunk&)>& write) {
+  exporter.Rewind();
+  pb::SessionChunk msg;
+  EncodeExportHeader(exporter.header(), msg.mutable_header());
+  if (!write(msg)) return false;
+  node::KvChunk chunk;
+  while (exporter.Next(&chunk)) {
+    pb::KvChunk* c = msg.mutable_chunk();  // clears the header
+    c->set_index(chunk.index);
+    c->set_first_position(chunk.first_position);
+    c->set_n_positions(chunk.n_positions);
+    c->set_data(std::move(chunk.data));
+    c->set_crc32c(chunk.crc32c);
+    if (!write(msg)) return false;
+    chunk.data = std::move(*c->mutable_data());  // reuse the buffer
+  }
+  const node::ExportTrailer t = exporter.trailer();
+  pb::SessionExportTrailer* tr = msg.mutable_trailer();
+  tr->set_session_digest(t.session_digest);
+  tr->set_total_bytes(t.total_bytes);
+  return write(msg);
+}
+
+namespace {
+
+// Reads chunks into the importer until the trailer; the stream must hold
+// nothing else.
+void ReadChunks(node::SessionImporter& imp, const std::function<bool(pb::SessionChunk*)>& read) {
+  pb::SessionChunk msg;
+  node::KvChunk chunk;
+  while (read(&msg)) {
+    if (msg.has_chunk()) {
+      pb::KvChunk* c = msg.mutable_chunk();
+      chunk.index = c->index();
+      chunk.first_position = c->first_position();
+      chunk.n_positions = c->n_positions();
+      chunk.data = std::move(*c->mutable_data());
+      chunk.crc32c = c->crc32c();
+      imp.Add(chunk);
+      continue;
+    }
+    if (msg.has_trailer()) {
+      imp.Finish({msg.trailer().session_digest(), msg.trailer().total_bytes()});
+      if (read(&msg)) ThrowInvalidArgument("import refused: data after the trailer");
+      return;
+    }
+    ThrowInvalidArgument("import refused: a second header or an empty message");
+  }
+  ThrowInvalidArgument("import refused: the stream ended before the trailer");
+}
+
+}  // namespace
+
+void ServeImport(node::NodeCore& core, const std::function<bool(pb::SessionChunk*)>& read,
+                 pb::ImportSessionResponse* out) {
+  pb::SessionChunk first;
+  std::unique_ptr<node::SessionImporter> imp;
+  try {
+    if (!read(&first) || !first.has_header()) {
+      ThrowInvalidArgument("import refused: the stream must start with a header");
+    }
+    imp = core.BeginImport(DecodeExportHeader(first.header()));
+    ReadChunks(*imp, read);
+  } catch (const Error&) {
+    if (imp) core.counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
+    throw;
+  }
+  out->set_seq_len(core.CommitImport(*imp));
+  out->set_bytes(imp->bytes());
+  out->set_chunks(imp->chunks());
+}
+
+void ServeExport(node::NodeCore& core, const pb::ExportSessionRequest& request,
+                 const std::function<bool(const pb::SessionChunk&)>& write) {
+  node::ValidateSessionKey(request.session_id(), request.session_secret(), request.route_epoch());
+  std::unique_ptr<node::SessionExporter> exp =
+      core.BeginExport(request.session_id(), &request.session_secret());
+  if (exp->header().route_epoch != request.route_epoch()) {
+    throw Error(ErrorKind::kStaleEpoch, "the session is at epoch " +
+                                            std::to_string(exp->header().route_epoch) + ", not " +
+                                            std::to_string(request.route_epoch()));
+  }
+  if (WriteExport(*exp, write)) {
+    core.counters().sessions_exported.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
+                    const ClientOptions& options) {
+  auto channel = MakeChannel(target, options);
+  auto stub = pb::MeshNode::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
+  if (!options.auth_token.empty())
+    ctx.AddMetadata("authorization", BearerValue(options.auth_token));
+  pb::ImportSessionResponse resp;
+  std::unique_ptr<grpc::ClientWriter<pb::SessionChunk>> writer = stub->ImportSession(&ctx, &resp);
+  const bool all =
+      WriteExport(exporter, [&](const pb::SessionChunk& m) { return writer->Write(m); });
+  if (all) writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  if (!s.ok()) ThrowForStatus(s, ctx, target, "ImportSession");
+  if (!all) throw Error(ErrorKind::kUnavailable, target + ": ImportSession: stream cut short");
+  return exporter.trailer().total_bytes;
+}
+
+}  // namespace meshnet::rpc

@@ -1,0 +1,293 @@
+// Drain with verified KV migration, multi-process: `meshnet serve` children on
+// 127.0.0.1 (port 0), a route with two replicas of the middle range, sessions
+// driven by mesh::Generate in this process. A drained replica hands its
+// sessions' KV to the other one; each session continues there without a
+// re-prefill and with the output of the in-process run. Every child is killed
+// and reaped in teardown; every wait is bounded.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "gguf/gguf_reader.h"
+#include "mesh/generator.h"
+#include "mesh/in_process.h"
+#include "rpc/drain.h"
+#include "rpc/remote.h"
+#include "rpc/test_util.h"
+#include "tests/rpc/node_process.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+namespace {
+
+using testing::NodeProcess;
+
+const std::string kModel = MESHNET_SHIPPED_MODEL;
+constexpr int kMaxTokens = 48;
+constexpr int kPauseAt = 6;  // sessions pause after this many tokens while a node drains
+
+std::vector<int32_t> Prompt(int variant) {
+  std::vector<int32_t> p = {1, 403, 407, 261, 378, 429};
+  p.push_back(static_cast<int32_t>(10 + 7 * variant));
+  return p;
+}
+
+mesh::GenerateOptions Options() {
+  mesh::GenerateOptions o;
+  o.max_tokens = kMaxTokens;
+  o.max_recoveries = 20;
+  o.backoff_initial_s = 0.01;
+  o.backoff_max_s = 0.1;
+  return o;
+}
+
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt) {
+  static auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(kModel));
+  mesh::InProcessMeshOptions mo;
+  mo.split = {{0, 1}, {2, 3}, {4, 4}};
+  mesh::InProcessMesh mesh(file, mo, nullptr);
+  mesh::FixedRouteProvider p(mesh.route());
+  return mesh::Generate(p, prompt, Options()).generated_ids;
+}
+
+// head -> mid -> tail over fixed endpoints; `mid` is one of two replicas.
+// Once a replica is marked dead the other one serves. EndpointFor knows both
+// replicas (as a provider listing every node does).
+class ReplicaProvider final : public mesh::RouteProvider {
+ public:
+  ReplicaProvider(std::vector<std::shared_ptr<RemoteEndpoint>> hops, int mid)
+      : hops_(std::move(hops)), mid_(mid) {}
+  mesh::Route Plan() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {{hops_[0], hops_[1 + mid_], hops_[3]}};
+  }
+  void MarkDead(const mesh::ShardEndpoint& e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (&e == hops_[1 + mid_].get()) mid_ = 1 - mid_;
+  }
+  std::shared_ptr<mesh::ShardEndpoint> EndpointFor(const std::string& address) override {
+    for (const auto& h : hops_) {
+      if (h->name() == address) return h;
+    }
+    return nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::shared_ptr<RemoteEndpoint>> hops_;  // head, mid0, mid1, tail
+  int mid_;
+};
+
+// Lets every session run to kPauseAt tokens, holds them there until Open().
+class Gate {
+ public:
+  explicit Gate(int n) : waiting_for_(n) {}
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (--waiting_for_ == 0) cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::seconds(120), [&] { return open_; });
+  }
+  bool AllArrived() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(120), [&] { return waiting_for_ == 0; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_for_;
+  bool open_ = false;
+};
+
+class DrainProcessTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<NodeProcess> Start(const std::string& layers, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model",          kModel,        "--layers",       layers,
+                                     "--threads",        "1",           "--max-sessions", "32",
+                                     "--metrics-listen", "127.0.0.1:0", "--grace",        "60"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string log = dir_.file("node-" + std::to_string(++started_) + ".log");
+    return std::make_unique<NodeProcess>(MESHNET_BINARY, args, log, /*expect_metrics=*/true);
+  }
+  static ClientOptions Client() {
+    ClientOptions co;
+    co.info_timeout_s = 5.0;
+    co.timeout_s = 60.0;
+    return co;
+  }
+  static double Metric(const NodeProcess& n, const std::string& series) {
+    return testing::MetricValue(testing::HttpGet(n.metrics_address(), "/metrics"), series);
+  }
+  // Starts head, replica 0, replica 1 (replica 0 drains to replica 1 on
+  // SIGTERM) and tail.
+  void StartMesh(const std::vector<std::string>& drain_extra = {}) {
+    head_ = Start("0-1", {});
+    tail_ = Start("4-4", {});
+    mid1_ = Start("2-3", {});
+    std::vector<std::string> extra = {"--drain-to", mid1_->address()};
+    extra.insert(extra.end(), drain_extra.begin(), drain_extra.end());
+    mid0_ = Start("2-3", extra);
+    for (NodeProcess* n : {head_.get(), mid0_.get(), mid1_.get(), tail_.get()}) {
+      hops_.push_back(std::make_shared<RemoteEndpoint>(n->address(), Client()));
+    }
+  }
+
+  // Waits (bounded) until replica 0 has moved or ended `n` sessions, or is
+  // gone (it exits once every moved session's client was told).
+  void WaitDrained(int n) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < until) {
+      const std::string m = testing::HttpGet(mid0_->metrics_address(), "/metrics");
+      if (m.empty()) return;
+      if (testing::MetricValue(m, "meshnet_sessions_moved_total") +
+              testing::MetricValue(m, "meshnet_sessions_ended_total") >=
+          n) {
+        return;
+      }
+      // A metrics poll: the drain runs in another process, nothing to wait on.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "the drain did not finish\n" << mid0_->Log();
+  }
+
+  // Runs `n` sessions (session i on replica i % 2), drains replica 0 by
+  // SIGTERM once all are paused mid-generation, then lets them finish.
+  std::vector<mesh::GenerateResult> RunAndDrain(int n, int* drain_status) {
+    Gate gate(n);
+    std::vector<std::future<mesh::GenerateResult>> runs;
+    for (int i = 0; i < n; ++i) {
+      runs.push_back(std::async(std::launch::async, [this, i, &gate] {
+        ReplicaProvider provider(hops_, i % 2);
+        int seen = 0;
+        mesh::GenerateEvents ev;
+        ev.on_token = [&](int32_t) {
+          if (++seen == kPauseAt) gate.Arrive();
+        };
+        return mesh::Generate(provider, Prompt(i), Options(), ev);
+      }));
+    }
+    EXPECT_TRUE(gate.AllArrived());
+    prefill_before_[0] = Metric(*mid1_, "meshnet_prefill_tokens_total");
+    prefill_before_[1] = Metric(*head_, "meshnet_prefill_tokens_total");
+    std::thread stopper([&] { *drain_status = mid0_->Stop(SIGTERM, 120); });
+    // The drained node keeps answering until each moved session was told.
+    WaitDrained((n + 1) / 2);
+    gate.Open();
+    std::vector<mesh::GenerateResult> out;
+    for (auto& r : runs) out.push_back(r.get());
+    stopper.join();
+    return out;
+  }
+
+  testing::ScratchDir dir_;
+  int started_ = 0;
+  std::unique_ptr<NodeProcess> head_, mid0_, mid1_, tail_;
+  std::vector<std::shared_ptr<RemoteEndpoint>> hops_;
+  double prefill_before_[2] = {0, 0};
+};
+
+TEST_F(DrainProcessTest, DrainedReplicaHandsSixteenSessionsOverWithoutRePrefill) {
+  StartMesh();
+  int status = -1;
+  const std::vector<mesh::GenerateResult> results = RunAndDrain(16, &status);
+  int moved = 0;
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(results[i].generated_ids, Reference(Prompt(i))) << "session " << i;
+    EXPECT_EQ(results[i].re_prefills, 0) << "session " << i;
+    EXPECT_EQ(results[i].failovers, 0) << "session " << i;
+    EXPECT_EQ(results[i].moves, i % 2 == 0 ? 1 : 0) << "session " << i;
+    moved += results[i].moves;
+  }
+  EXPECT_EQ(moved, 8);
+  ASSERT_TRUE(WIFEXITED(status)) << mid0_->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // No re-prefill anywhere: the replica and the head ran no prefill positions
+  // after the drain began.
+  EXPECT_EQ(Metric(*mid1_, "meshnet_prefill_tokens_total"), prefill_before_[0]);
+  EXPECT_EQ(Metric(*head_, "meshnet_prefill_tokens_total"), prefill_before_[1]);
+  // The moved KV was checksum-verified by the importer.
+  EXPECT_EQ(Metric(*mid1_, "meshnet_sessions_imported_total"), 8);
+  EXPECT_GE(Metric(*mid1_, "meshnet_import_chunks_verified_total"), 8);
+  EXPECT_GT(Metric(*mid1_, "meshnet_import_bytes_total"), 0);
+  EXPECT_EQ(Metric(*mid1_, "meshnet_imports_rejected_total"), 0);
+}
+
+TEST_F(DrainProcessTest, CorruptedTransferIsRejectedAndTheSessionRePrefills) {
+  // The drained node flips one byte of its first export in flight.
+  setenv("MESHNET_TEST_CORRUPT_EXPORT", "0", 1);
+  StartMesh();
+  unsetenv("MESHNET_TEST_CORRUPT_EXPORT");
+  int status = -1;
+  const std::vector<mesh::GenerateResult> results = RunAndDrain(4, &status);
+  int moved = 0, recovered = 0;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(results[i].generated_ids, Reference(Prompt(i))) << "session " << i;
+    moved += results[i].moves;
+    recovered += results[i].re_prefills + results[i].failovers > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(moved, 1) << "the other session on the drained replica moved";
+  EXPECT_EQ(recovered, 1) << "the corrupted one re-prefilled elsewhere";
+  EXPECT_EQ(Metric(*mid1_, "meshnet_imports_rejected_total"), 1);
+  EXPECT_EQ(Metric(*mid1_, "meshnet_sessions_imported_total"), 1);
+  ASSERT_TRUE(WIFEXITED(status)) << mid0_->Log();
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_F(DrainProcessTest, AdminDrainWithoutReplicaEndsSessionsAndClientsRePrefillElsewhere) {
+  StartMesh();
+  Gate gate(2);
+  std::vector<std::future<mesh::GenerateResult>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async, [this, i, &gate] {
+      ReplicaProvider provider(hops_, 0);
+      int seen = 0;
+      mesh::GenerateEvents ev;
+      ev.on_token = [&](int32_t) {
+        if (++seen == kPauseAt) gate.Arrive();
+      };
+      return mesh::Generate(provider, Prompt(i), Options(), ev);
+    }));
+  }
+  ASSERT_TRUE(gate.AllArrived());
+  const DrainReport r = RequestDrain(mid0_->address(), {}, Client());
+  gate.Open();
+  EXPECT_EQ(r.sessions, 2);
+  EXPECT_EQ(r.ended, 2);
+  EXPECT_EQ(r.moved, 0);
+  for (int i = 0; i < 2; ++i) {
+    const mesh::GenerateResult got = runs[i].get();
+    EXPECT_EQ(got.generated_ids, Reference(Prompt(i)));
+    EXPECT_GE(got.re_prefills + got.failovers, 1);
+    EXPECT_THAT(got.final_route, ::testing::HasSubstr(mid1_->address()));
+  }
+  // A draining node takes no new session.
+  ReplicaProvider provider(hops_, 0);
+  const auto got = mesh::Generate(provider, Prompt(5), Options());
+  EXPECT_EQ(got.failovers, 1);
+  EXPECT_EQ(Metric(*mid0_, "meshnet_draining"), 1);
+}
+
+// A client follows "moved to" only to a node it was given: a node cannot
+// redirect a session (and its secret) to an arbitrary address.
+TEST(RemoteRouteProviderMoves, OnlyListedNodesAreFollowed) {
+  auto provider = MakeRemoteRouteProvider({"127.0.0.1:1", "127.0.0.1:2"}, ClientOptions{});
+  const auto listed = provider->EndpointFor("127.0.0.1:2");
+  ASSERT_NE(listed, nullptr);
+  EXPECT_EQ(listed->name(), "127.0.0.1:2");
+  EXPECT_EQ(provider->EndpointFor("10.1.2.3:7000"), nullptr);
+  EXPECT_EQ(provider->EndpointFor(""), nullptr);
+}
+
+}  // namespace
+}  // namespace meshnet::rpc
