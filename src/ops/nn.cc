@@ -90,12 +90,17 @@ void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedK
   a.n_heads = cfg.n_heads;
   a.head_dim = cfg.head_dim;
   a.scale = cfg.scale != 0.0f ? cfg.scale : static_cast<float>(1.0 / std::sqrt(cfg.head_dim));
+  if (cfg.ggml_f16) {
+    if (kv.dtype != KvDtype::kF16) ThrowInvalidArgument("ggml_f16 attention needs an F16 KV cache");
+    if (cfg.scale == 0.0f) a.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  }
   a.out = out;
+  const auto run = cfg.ggml_f16 ? internal::AttentionItemsGgmlF16 : internal::AttentionItems;
   const int64_t items = n_tokens * kv.n_kv_heads;
   if (pool != nullptr) {
-    pool->ParallelFor(items, [&](int64_t b, int64_t e) { internal::AttentionItems(a, b, e); });
+    pool->ParallelFor(items, [&](int64_t b, int64_t e) { run(a, b, e); });
   } else {
-    internal::AttentionItems(a, 0, items);
+    run(a, 0, items);
   }
 }
 

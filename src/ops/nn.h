@@ -63,6 +63,12 @@ struct AttentionConfig {
   int n_heads = 0;     // query heads; a multiple of kv.n_kv_heads
   int head_dim = 0;    // == kv.head_dim, <= kMaxHeadDim
   float scale = 0.0f;  // 0 means 1/sqrt(head_dim)
+  // llama.cpp parity for an F16 KV cache (requires kv.dtype == kF16):
+  // reproduce ggml's CPU flash-attention arithmetic exactly (Q rounded to
+  // f16, f16 dot products, the output accumulated in f16 with an online
+  // softmax over positions in order; see attention_ggml.cc), and a default
+  // scale of 1.0f / sqrtf(head_dim) in float. Off: accumulate in f32.
+  bool ggml_f16 = false;
 };
 inline constexpr int kMaxHeadDim = 512;
 

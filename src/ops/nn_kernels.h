@@ -25,9 +25,15 @@ struct AttentionArgs {
   int n_heads = 0;
   int head_dim = 0;
   float scale = 1.0f;
-  float* out = nullptr;  // (n_tokens, n_heads * head_dim)
+  float* out = nullptr;   // (n_tokens, n_heads * head_dim)
+  bool ggml_f16 = false;  // AttentionConfig::ggml_f16
 };
 // Items [begin, end) of (token, KV head): item = t * kv->n_kv_heads + g.
 void AttentionItems(const AttentionArgs& a, int64_t begin, int64_t end);
+// The same items with llama.cpp's F16 flash-attention arithmetic
+// (attention_ggml.cc); requires kv->dtype == kF16.
+void AttentionItemsGgmlF16(const AttentionArgs& a, int64_t begin, int64_t end);
+// ggml_vec_dot_f16's x86 AVX2 arithmetic on n halves (exposed for tests).
+float GgmlDotF16(const uint16_t* x, const uint16_t* y, int n);
 
 }  // namespace meshnet::ops::internal

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/hwy_test_util.h"
+#include "ops/nn_kernels.h"
 #include "ops/quantize.h"
 #include "util/error.h"
 
@@ -325,6 +326,81 @@ TEST(Attention, SinglePositionReturnsItsValueAndEqualKeysAverage) {
     EXPECT_NEAR(out[hd + i], (v0[i] + v1[i]) / 2, 1e-5);  // equal scores: plain mean
     EXPECT_NEAR(out[2 * hd + i], (v0[i] + v1[i] + v2[i]) / 3, 1e-5);
   }
+}
+
+// ---- llama.cpp F16 flash-attention parity (AttentionConfig::ggml_f16) ----
+
+AttentionConfig GgmlConfig(int n_heads, int head_dim) {
+  AttentionConfig cfg{n_heads, head_dim, 0.0f};
+  cfg.ggml_f16 = true;
+  return cfg;
+}
+
+// Products 2^24 (lane 0 of accumulator 0), 1 (accumulator 1), -2^24
+// (accumulator 2): ggml reduces (acc0 + acc2) + (acc1 + acc3) = 1, where a
+// running f32 sum would lose the 1. The tail past the 32-element blocks is
+// summed in double: +2^24, -2^24 after the block result 1 keep it.
+TEST(AttentionGgmlF16, DotFollowsGgmlLaneOrderAndDoubleTail) {
+  std::vector<uint16_t> x(40, FloatToHalf(0.0f)), y(40, FloatToHalf(1.0f));
+  x[0] = y[0] = y[16] = y[32] = y[33] = FloatToHalf(4096.0f);
+  x[16] = FloatToHalf(-4096.0f);
+  x[8] = FloatToHalf(1.0f);
+  EXPECT_EQ(internal::GgmlDotF16(x.data(), y.data(), 32), 1.0f);
+  x[32] = FloatToHalf(4096.0f);
+  x[33] = FloatToHalf(-4096.0f);
+  EXPECT_EQ(internal::GgmlDotF16(x.data(), y.data(), 40), 1.0f);
+  EXPECT_EQ(internal::GgmlDotF16(x.data() + 32, y.data() + 32, 8), 0.0f);
+}
+
+// Equal scores: V = 1 then V = 2^-11 sum to 1 + 2^-11 in the f16 accumulator,
+// which rounds (ties to even) to 1, so the mean is 0.5, not f32's.
+TEST(AttentionGgmlF16, AccumulatesTheOutputInHalf) {
+  const int hd = 8;
+  PagedKv kv(2, 1, 1, 0, 1, hd, KvDtype::kF16);
+  std::vector<float> k(hd, 0.25f), v0(hd, 1.0f), v1(hd, 0x1p-11f);
+  for (int64_t p = 0; p < 2; ++p) StoreKvRow(kv.layer, true, p, k.data());
+  StoreKvRow(kv.layer, false, 0, v0.data());
+  StoreKvRow(kv.layer, false, 1, v1.data());
+  const auto q = Random(2 * hd, 16);
+  std::vector<float> got(2 * hd), f32(2 * hd);
+  Attention(q.data(), 2, 0, kv.layer, GgmlConfig(1, hd), got.data(), nullptr);
+  Attention(q.data(), 2, 0, kv.layer, AttentionConfig{1, hd, 0.0f}, f32.data(), nullptr);
+  for (int i = 0; i < hd; ++i) {
+    EXPECT_EQ(got[i], 1.0f);
+    EXPECT_EQ(got[hd + i], 0.5f);                   // f16(1 + 2^-11) == 1, then / 2
+    EXPECT_EQ(f32[hd + i], (1.0f + 0x1p-11f) / 2);  // the f32 path keeps it
+  }
+}
+
+// Agrees with the double reference to f16 accuracy over the shapes the f32
+// path is checked on, pooled or not; an F32 cache is refused.
+TEST(AttentionGgmlF16, CloseToReferenceAndNeedsF16Cache) {
+  ThreadPool pool(2);
+  for (const AttnCase& c :
+       {AttnCase{8, 2, 64, 16, 37, 1, KvDtype::kF16}, AttnCase{8, 2, 64, 16, 0, 20, KvDtype::kF16},
+        AttnCase{8, 8, 8, 4, 11, 5, KvDtype::kF16}, AttnCase{2, 1, 40, 3, 6, 2, KvDtype::kF16}}) {
+    const int64_t n_pos = c.start_pos + c.n_tokens;
+    PagedKv kv(n_pos, c.block_tokens, 1, 0, c.n_kv_heads, c.head_dim, c.dtype);
+    const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+    const auto keys = Random(n_pos * kv_dim, 12, 1.5f), values = Random(n_pos * kv_dim, 13);
+    for (int64_t p = 0; p < n_pos; ++p) {
+      StoreKvRow(kv.layer, true, p, keys.data() + p * kv_dim);
+      StoreKvRow(kv.layer, false, p, values.data() + p * kv_dim);
+    }
+    const auto q = Random(c.n_tokens * c.n_heads * c.head_dim, 14, 1.5f);
+    std::vector<float> got(q.size()), pooled(q.size()), want(q.size());
+    Attention(q.data(), c.n_tokens, c.start_pos, kv.layer, GgmlConfig(c.n_heads, c.head_dim),
+              got.data(), nullptr);
+    Attention(q.data(), c.n_tokens, c.start_pos, kv.layer, GgmlConfig(c.n_heads, c.head_dim),
+              pooled.data(), &pool);
+    AttentionReference(q.data(), c.n_tokens, c.start_pos, kv.layer,
+                       AttentionConfig{c.n_heads, c.head_dim, 0.0f}, want.data());
+    EXPECT_EQ(got, pooled);
+    ExpectClose(got, want, 1e-2, 5e-3, "ggml f16 attention");
+  }
+  PagedKv f32(1, 1, 1, 0, 1, 8, KvDtype::kF32);
+  std::vector<float> q(8, 1.0f), out(8);
+  EXPECT_THROW(Attention(q.data(), 1, 0, f32.layer, GgmlConfig(1, 8), out.data(), nullptr), Error);
 }
 
 }  // namespace

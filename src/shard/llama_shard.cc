@@ -141,13 +141,14 @@ void LlamaShard::ForwardChunk(float* hidden, int64_t n, const kv::KvStep& step,
   const int64_t d = hp.n_embd;
   const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f,
                              hp.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
-  const ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
+  ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
   std::unique_ptr<Workspace> ws = Acquire(n);
   float* xb = ws->xb.data();
   void* mm = ws->mm.data();
   for (const model::LayerWeights& lw : weights_.layers()) {
     if (StepCancelled()) break;  // thrown below, once the workspace is back
     const ops::PagedKvLayer kv = step.Layer(lw.layer);
+    attn.ggml_f16 = kv.dtype == KvDtype::kF16;  // llama.cpp parity for its default cache
     // ---- attention ----
     ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
     ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);     // (n, q_dim)
