@@ -63,7 +63,7 @@ namespace {
 void AttendRow(const AttentionArgs& a, const float* q, size_t head_off, int64_t n_pos, float* out) {
   const int hd = a.head_dim;
   uint16_t qh[kMaxHeadDim], o[kMaxHeadDim];
-  for (int i = 0; i < hd; ++i) qh[i] = FloatToHalf(q[i]);
+  for (int i = 0; i < hd; ++i) qh[i] = FloatToHalfFast(q[i]);
   std::fill(o, o + hd, uint16_t{0});
   float m = -INFINITY, s_sum = 0.0f;
   for (int64_t p = 0; p < n_pos; ++p) {
@@ -74,11 +74,11 @@ void AttendRow(const AttentionArgs& a, const float* q, size_t head_off, int64_t 
     if (s > m) {
       ms = std::exp(m - s);
       m = s;
-      for (int i = 0; i < hd; ++i) o[i] = FloatToHalf(H2F(o[i]) * ms);
+      for (int i = 0; i < hd; ++i) o[i] = FloatToHalfFast(H2F(o[i]) * ms);
     } else {
       vs = std::exp(s - m);
     }
-    for (int i = 0; i < hd; ++i) o[i] = FloatToHalf(std::fma(H2F(v[i]), vs, H2F(o[i])));
+    for (int i = 0; i < hd; ++i) o[i] = FloatToHalfFast(std::fma(H2F(v[i]), vs, H2F(o[i])));
     s_sum = std::fma(s_sum, ms, vs);
   }
   const float inv = 1.0f / s_sum;
