@@ -85,6 +85,7 @@ void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedK
                const AttentionConfig& cfg, float* out, ThreadPool* pool) {
   internal::AttentionArgs a;
   a.q = q;
+  a.n_tokens = n_tokens;
   a.start_pos = start_pos;
   a.kv = &kv;
   a.n_heads = cfg.n_heads;

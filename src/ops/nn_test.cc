@@ -328,7 +328,7 @@ TEST(Attention, SinglePositionReturnsItsValueAndEqualKeysAverage) {
   }
 }
 
-// ---- llama.cpp F16 flash-attention parity (AttentionConfig::ggml_f16) ----
+// ---- llama.cpp F16 attention parity (AttentionConfig::ggml_f16) ----
 
 AttentionConfig GgmlConfig(int n_heads, int head_dim) {
   AttentionConfig cfg{n_heads, head_dim, 0.0f};
@@ -352,23 +352,50 @@ TEST(AttentionGgmlF16, DotFollowsGgmlLaneOrderAndDoubleTail) {
   EXPECT_EQ(internal::GgmlDotF16(x.data() + 32, y.data() + 32, 8), 0.0f);
 }
 
-// Equal scores: V = 1 then V = 2^-11 sum to 1 + 2^-11 in the f16 accumulator,
-// which rounds (ties to even) to 1, so the mean is 0.5, not f32's.
-TEST(AttentionGgmlF16, AccumulatesTheOutputInHalf) {
+// Products 2^24 (lane 0), 1 (lane 1), -2^24 (lane 4): tinyBLAS's horizontal
+// sum adds lanes 0 and 4 first and keeps the 1 that a running f32 sum loses;
+// the second block of 8 lands in the same lanes.
+TEST(AttentionGgmlF16, TinyBlasDotFollowsItsHorizontalSum) {
+  std::vector<uint16_t> x(16, FloatToHalf(0.0f)), y(16, FloatToHalf(1.0f));
+  x[0] = y[0] = y[12] = FloatToHalf(4096.0f);
+  x[1] = FloatToHalf(1.0f);
+  x[12] = FloatToHalf(-4096.0f);
+  EXPECT_EQ(internal::TinyBlasDotF16(x.data(), y.data(), 8), 0x1p24f);
+  EXPECT_EQ(internal::TinyBlasDotF16(x.data(), y.data(), 16), 1.0f);
+}
+
+// ggml's vectorized expf: within 2 ulp of libm's where the result is normal,
+// exp(0) == 1, and its two-step scaling below 2^-126 and saturation.
+TEST(AttentionGgmlF16, ExpfIsCloseToLibmAndSaturates) {
+  for (float x = -87.0f; x <= 88.0f; x += 0.01171875f) {
+    const float want = std::exp(x);
+    ASSERT_NEAR(internal::GgmlExpf(x), want, 2 * (std::nextafter(want, INFINITY) - want)) << x;
+  }
+  EXPECT_EQ(internal::GgmlExpf(0.0f), 1.0f);
+  EXPECT_NEAR(internal::GgmlExpf(-95.0f), std::exp(-95.0f), 3e-45);
+  EXPECT_EQ(internal::GgmlExpf(-INFINITY), 0.0f);
+  EXPECT_EQ(internal::GgmlExpf(-200.0f), 0.0f);
+  EXPECT_EQ(internal::GgmlExpf(200.0f), INFINITY);
+}
+
+// Equal scores over 3 positions: each probability float(1/3) is rounded to
+// f16 (0x3555 = 0.333251953125) before multiplying V = 1, so the output is
+// 3 x that (exact in f32), not f32's 1.
+TEST(AttentionGgmlF16, RoundsProbabilitiesToHalf) {
   const int hd = 8;
-  PagedKv kv(2, 1, 1, 0, 1, hd, KvDtype::kF16);
-  std::vector<float> k(hd, 0.25f), v0(hd, 1.0f), v1(hd, 0x1p-11f);
-  for (int64_t p = 0; p < 2; ++p) StoreKvRow(kv.layer, true, p, k.data());
-  StoreKvRow(kv.layer, false, 0, v0.data());
-  StoreKvRow(kv.layer, false, 1, v1.data());
-  const auto q = Random(2 * hd, 16);
-  std::vector<float> got(2 * hd), f32(2 * hd);
-  Attention(q.data(), 2, 0, kv.layer, GgmlConfig(1, hd), got.data(), nullptr);
-  Attention(q.data(), 2, 0, kv.layer, AttentionConfig{1, hd, 0.0f}, f32.data(), nullptr);
+  PagedKv kv(3, 2, 1, 0, 1, hd, KvDtype::kF16);
+  std::vector<float> k(hd, 0.25f), v(hd, 1.0f);
+  for (int64_t p = 0; p < 3; ++p) {
+    StoreKvRow(kv.layer, true, p, k.data());
+    StoreKvRow(kv.layer, false, p, v.data());
+  }
+  const std::vector<float> q(hd, 0.5f);
+  std::vector<float> got(hd), f32(hd);
+  Attention(q.data(), 1, 2, kv.layer, GgmlConfig(1, hd), got.data(), nullptr);
+  Attention(q.data(), 1, 2, kv.layer, AttentionConfig{1, hd, 0.0f}, f32.data(), nullptr);
   for (int i = 0; i < hd; ++i) {
-    EXPECT_EQ(got[i], 1.0f);
-    EXPECT_EQ(got[hd + i], 0.5f);                   // f16(1 + 2^-11) == 1, then / 2
-    EXPECT_EQ(f32[hd + i], (1.0f + 0x1p-11f) / 2);  // the f32 path keeps it
+    EXPECT_EQ(got[i], 3 * 0.333251953125f);
+    EXPECT_NEAR(f32[i], 1.0f, 1e-6);
   }
 }
 
