@@ -438,7 +438,8 @@ BENCHMARK(BM_Prefill)->Apply(PrefillArgs)->UseRealTime()->Iterations(5);
 
 // One decode token's attention over an F16 cache of `ctx` positions (8 query
 // and 8 KV heads of head_dim, one contiguous block), arg 2: 0 = the f32-
-// accumulating kernel, 1 = llama.cpp's arithmetic (AttentionConfig::ggml_f16).
+// accumulating kernel, 1 = llama.cpp's arithmetic (AttentionConfig::ggml_f16, the
+// --ggml-parity mode).
 void BM_AttentionF16(benchmark::State& state) {
   const int hd = static_cast<int>(state.range(0));
   const int64_t ctx = state.range(1);

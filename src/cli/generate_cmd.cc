@@ -39,6 +39,7 @@ struct GenerateFlags {
   uint64_t seed = 0;
   std::string kv_budget = "64MiB";
   std::string kv_dtype = "float32";
+  bool ggml_parity = false;
   int threads = 0;
   std::string output = "text";
   std::string nodes;
@@ -94,9 +95,10 @@ int RunGenerate(const GenerateFlags& f) {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
   if (!f.nodes.empty() && !f.in_process_flags.empty()) {
-    ThrowInvalidArgument(f.in_process_flags +
-                         " set the in-process shards; with --nodes each node has its own "
-                         "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads)");
+    ThrowInvalidArgument(
+        f.in_process_flags +
+        " set the in-process shards; with --nodes each node has its own "
+        "(meshnet serve --kv-budget, --layers, --kv-dtype, --ggml-parity, --threads)");
   }
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
@@ -133,6 +135,7 @@ int RunGenerate(const GenerateFlags& f) {
     mo.split =
         f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
+    mo.ggml_parity = f.ggml_parity;
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.Validate();
     const int threads =
@@ -241,6 +244,11 @@ const CommandRegistrar kRegistrar(
                                      "KV cache dtype of the in-process shards: float32, float16 "
                                      "or bfloat16 (or f32, f16, bf16)")
                          ->capture_default_str();
+       auto* parity = sub->add_flag(
+           "--ggml-parity", f->ggml_parity,
+           "Compute as llama.cpp's CPU backend does (its default attention, norms, RoPE, "
+           "SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy text; "
+           "needs --kv-dtype f16; slower");
        auto* threads = sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
                            ->capture_default_str()
                            ->check(IntRange(0, kMaxThreads));
@@ -265,7 +273,7 @@ const CommandRegistrar kRegistrar(
                        "Per-call deadline in seconds for --nodes (at most a year is used)")
            ->capture_default_str();
        sub->callback([=] {
-         for (const CLI::Option* o : {shards, split, budget, dtype, threads}) {
+         for (const CLI::Option* o : {shards, split, budget, dtype, parity, threads}) {
            if (o->count() == 0) continue;
            f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
          }

@@ -39,11 +39,11 @@ struct GenRun {
 };
 
 GenRun Generate(const std::shared_ptr<const gguf::GgufFile>& file, std::vector<LayerRange> split,
-                const std::vector<int32_t>& prompt, int n) {
+                const std::vector<int32_t>& prompt, int n, bool ggml_parity = false) {
   InProcessMeshOptions mo;
   mo.split = std::move(split);
-  mo.kv_dtype = KvDtype::kF16;  // llama.cpp's default KV cache type
-  mo.ggml_parity = true;        // and its arithmetic (llama-cli without flash attention)
+  mo.kv_dtype = KvDtype::kF16;   // llama.cpp's default KV cache type
+  mo.ggml_parity = ggml_parity;  // and its arithmetic (llama-cli without flash attention)
   InProcessMesh mesh(file, mo, Pool());
   FixedRouteProvider provider(mesh.route());
   GenerateOptions o;
@@ -69,18 +69,26 @@ TEST_P(LlamaCppPreset, GreedyTextEqualsLlamaCpp) {
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(kDataDir + name));
   const auto tok = model::Tokenizer::FromGguf(*file);
   const std::vector<int32_t> prompt = tok.Encode(kPrompt, true);
-  for (int shards : {1, 3}) {
-    const GenRun run =
-        Generate(file, shards == 1 ? std::vector<LayerRange>{} : EvenSplit(3, 5), prompt, 64);
-    ASSERT_EQ(run.tokens.size(), 64u);
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), run.tokens.begin(), run.tokens.end());
-    EXPECT_EQ(tok.Decode(all) + "\n", want) << name << ", " << shards << " shard(s)";
+  // The Q5_K presets sit on near-ties that only llama.cpp's own rounding
+  // reproduces; the rest match in the default arithmetic as well.
+  const bool near_ties = GetParam() == "Q5_K_S" || GetParam() == "Q5_K_M";
+  for (bool parity : {false, true}) {
+    if (near_ties && !parity) continue;
+    for (int shards : {1, 3}) {
+      const GenRun run = Generate(file, shards == 1 ? std::vector<LayerRange>{} : EvenSplit(3, 5),
+                                  prompt, 64, parity);
+      ASSERT_EQ(run.tokens.size(), 64u);
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), run.tokens.begin(), run.tokens.end());
+      EXPECT_EQ(tok.Decode(all) + "\n", want)
+          << name << ", " << shards << " shard(s), parity " << parity;
+    }
   }
 }
 
-// Every preset, with the shards in llama.cpp-parity mode (ggml's arithmetic
-// for attention, norms, RoPE, SwiGLU and the F16/Q8_0/Q5_1 matmuls).
+// Every preset in llama.cpp-parity mode (ggml's arithmetic for attention,
+// norms, RoPE, SwiGLU and the F16/Q8_0/Q5_1 matmuls), and all but the Q5_K
+// presets in the default arithmetic too.
 INSTANTIATE_TEST_SUITE_P(Presets, LlamaCppPreset,
                          ::testing::Values("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M",
                                            "Q6_K", "IQ4_XS"));
