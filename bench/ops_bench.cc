@@ -47,6 +47,7 @@
 #endif
 
 #include "ops/matmul.h"
+#include "ops/nn.h"
 #include "ops/quantize.h"
 #include "util/dtype.h"
 #include "util/thread_pool.h"
@@ -450,6 +451,44 @@ void PrefillArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "tokens", "threads"});
 }
 BENCHMARK(BM_Prefill)->Apply(PrefillArgs)->UseRealTime()->Iterations(5);
+
+// One decode token's attention over an F16 cache of `ctx` positions (8 query
+// and 8 KV heads of head_dim, one contiguous block), arg 2: 0 = the f32-
+// accumulating kernel, 1 = llama.cpp's arithmetic (AttentionConfig::ggml_f16, the
+// --ggml-parity mode).
+void BM_AttentionF16(benchmark::State& state) {
+  const int hd = static_cast<int>(state.range(0));
+  const int64_t ctx = state.range(1);
+  const int heads = 8;
+  const size_t row_bytes = static_cast<size_t>(heads) * hd * 2;
+  std::vector<uint8_t> block(2 * ctx * row_bytes);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (size_t i = 0; i < block.size() / 2; ++i) {
+    const uint16_t h = FloatToHalf(dist(rng));
+    std::memcpy(block.data() + 2 * i, &h, 2);
+  }
+  uint8_t* table[1] = {block.data()};
+  ops::PagedKvLayer kv;
+  kv.blocks = table;
+  kv.block_tokens = static_cast<int32_t>(ctx);
+  kv.v_offset = ctx * row_bytes;
+  kv.row_bytes = row_bytes;
+  kv.n_kv_heads = heads;
+  kv.head_dim = hd;
+  kv.dtype = KvDtype::kF16;
+  kv.n_positions = ctx;
+  std::vector<float> q(static_cast<size_t>(heads) * hd), out(q.size());
+  for (float& v : q) v = dist(rng);
+  ops::AttentionConfig cfg{heads, hd, 0.0f};
+  cfg.ggml_f16 = state.range(2) != 0;
+  for (auto _ : state) {
+    ops::Attention(q.data(), 1, ctx - 1, kv, cfg, out.data(), nullptr);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(cfg.ggml_f16 ? "ggml_f16" : "f32 accumulate");
+}
+BENCHMARK(BM_AttentionF16)->ArgsProduct({{8, 64}, {512}, {0, 1}})->MinTime(0.2);
 
 }  // namespace
 }  // namespace meshnet::bench

@@ -42,6 +42,7 @@ struct ApiFlags {
   std::string split;
   std::string kv_budget = "64MiB";
   std::string kv_dtype = "float32";
+  bool ggml_parity = false;
   int threads = 0;
   std::string nodes;
   std::string auth_token;
@@ -121,6 +122,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
     mo.split =
         f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
+    mo.ggml_parity = f.ggml_parity;
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     // Every admitted generation holds a session on every shard.
     mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.max_concurrent);
@@ -239,6 +241,10 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
       ->capture_default_str();
   sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
       ->capture_default_str();
+  sub->add_flag("--ggml-parity", f->ggml_parity,
+                "Compute as llama.cpp's CPU backend does (its default attention, norms, RoPE, "
+                "SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy text; "
+                "needs --kv-dtype f16; slower");
   sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
       ->capture_default_str();
   sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");

@@ -41,6 +41,7 @@ struct GenerateFlags {
   uint64_t seed = 0;
   std::string kv_budget = "64MiB";
   std::string kv_dtype = "float32";
+  bool ggml_parity = false;
   int threads = 0;
   std::string output = "text";
   std::string nodes;
@@ -113,7 +114,8 @@ int RunGenerate(const GenerateFlags& f) {
     ThrowInvalidArgument(
         f.in_process_flags +
         " set the in-process shards; with --nodes each node has its own "
-        "(meshnet serve --kv-budget, --layers, --kv-dtype, --threads, --max-batch-*)");
+        "(meshnet serve --kv-budget, --layers, --kv-dtype, --ggml-parity, --threads, "
+        "--max-batch-*)");
   }
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
@@ -150,6 +152,7 @@ int RunGenerate(const GenerateFlags& f) {
     mo.split =
         f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
     mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
+    mo.ggml_parity = f.ggml_parity;
     mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.sessions);
     mo.kv_config.Validate();
@@ -264,6 +267,11 @@ const CommandRegistrar kRegistrar(
                                      "KV cache dtype of the in-process shards: float32, float16 "
                                      "or bfloat16 (or f32, f16, bf16)")
                          ->capture_default_str();
+       auto* parity = sub->add_flag(
+           "--ggml-parity", f->ggml_parity,
+           "Compute as llama.cpp's CPU backend does (its default attention, norms, RoPE, "
+           "SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy text; "
+           "needs --kv-dtype f16; slower");
        auto* threads = sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
                            ->capture_default_str()
                            ->check(IntRange(0, kMaxThreads));
@@ -291,7 +299,7 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--timeout", f->timeout_s,
                        "Per-call deadline in seconds for --nodes (at most a year is used)")
            ->capture_default_str();
-       std::vector<CLI::Option*> in_process = {shards, split, budget, dtype, threads};
+       std::vector<CLI::Option*> in_process = {shards, split, budget, dtype, parity, threads};
        for (CLI::Option* o : AddBatchFlags(sub, &f->batch, "each in-process shard")) {
          in_process.push_back(o);
        }

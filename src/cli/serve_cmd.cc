@@ -44,6 +44,7 @@ struct ServeFlags {
   int64_t max_sessions = 8;
   double ttl_s = 600.0;
   std::string kv_dtype = "float32";
+  bool ggml_parity = false;
   int threads = 0;
   int block_tokens = 16;
   std::string metrics_listen;
@@ -134,6 +135,7 @@ int RunServe(const ServeFlags& f) {
   node::NodeOptions node_options;
   node_options.layers = range;
   node_options.kv_dtype = kv_dtype;
+  node_options.ggml_parity = f.ggml_parity;
   node_options.kv_config = kv_config;
   node_options.batch = batch;
   node::Node node(file, node_options, &pool);
@@ -181,6 +183,10 @@ const CommandRegistrar kRegistrar(
        sub->add_option("--kv-dtype", f->kv_dtype,
                        "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
            ->capture_default_str();
+       sub->add_flag("--ggml-parity", f->ggml_parity,
+                     "Compute as llama.cpp's CPU backend does (its default attention, norms, "
+                     "RoPE, SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy "
+                     "text; needs --kv-dtype f16; slower");
        sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
            ->capture_default_str()
            ->check(IntRange(0, kMaxThreads));

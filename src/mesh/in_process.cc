@@ -29,6 +29,7 @@ InProcessMesh::InProcessMesh(std::shared_ptr<const gguf::GgufFile> file,
                              const InProcessMeshOptions& options, ThreadPool* pool) {
   node::NodeOptions no;
   no.kv_dtype = options.kv_dtype;
+  no.ggml_parity = options.ggml_parity;
   no.kv_config = options.kv_config;
   no.batch = options.batch;
   no.model_id = node::ModelIdentity(*file);  // once for every node

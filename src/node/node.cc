@@ -26,7 +26,11 @@ Node::Node(std::shared_ptr<const gguf::GgufFile> file, const NodeOptions& option
   const LayerRange range = options.layers.value_or(LayerRange{0, hp.n_layers - 1});
   hp.ValidateLayerRange(range.first, range.second);
   options.kv_config.Validate();
-  shard_ = std::make_unique<shard::LlamaShard>(std::move(file), range.first, range.second, pool);
+  if (options.ggml_parity && options.kv_dtype != KvDtype::kF16) {
+    ThrowInvalidArgument("llama.cpp-parity arithmetic (--attention ggml) needs an F16 KV cache");
+  }
+  shard_ = std::make_unique<shard::LlamaShard>(std::move(file), range.first, range.second, pool,
+                                               options.ggml_parity);
   manager_ = std::make_unique<kv::HotKvStateManager>(shard_->MakeRecipe(options.kv_dtype),
                                                      options.kv_config);
   adapter_ = std::make_unique<shard::KvBoundaryAdapter>(shard_.get(), manager_.get());

@@ -35,6 +35,8 @@ namespace meshnet::node {
 struct NodeOptions {
   std::optional<LayerRange> layers;  // empty: every layer of the model
   KvDtype kv_dtype = KvDtype::kF32;
+  // llama.cpp's arithmetic (shard::LlamaShard's ggml_parity); needs kF16.
+  bool ggml_parity = false;
   kv::HotKvStateConfig kv_config;
   std::string model_id;  // empty: ModelIdentity(file)
   BatchOptions batch;    // how concurrent steps are batched (node/batcher.h)

@@ -61,6 +61,14 @@ size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols);
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
             ThreadPool* pool);
 
+// llama.cpp parity (ggml_matmul.cc): y = x W^T in the arithmetic of ggml's
+// CPU vec_dot for F16, Q8_0 and Q5_1 weights (the types of the Q5_K presets
+// of the shipped model), for LlamaShard's ggml_parity mode; scalar. Other
+// types: MatMulGgmlSupports is false and MatMul is already close enough.
+bool MatMulGgmlSupports(GgmlType type);
+void MatMulGgml(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+                ThreadPool* pool);
+
 // --- References (scalar, slow; for tests and benchmarks) ---
 
 // Dequantizes each weight row (bit-exact GGML values) and accumulates in double

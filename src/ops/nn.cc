@@ -86,17 +86,23 @@ void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedK
                const AttentionConfig& cfg, float* out, ThreadPool* pool) {
   internal::AttentionArgs a;
   a.q = q;
+  a.n_tokens = n_tokens;
   a.start_pos = start_pos;
   a.kv = &kv;
   a.n_heads = cfg.n_heads;
   a.head_dim = cfg.head_dim;
   a.scale = cfg.scale != 0.0f ? cfg.scale : static_cast<float>(1.0 / std::sqrt(cfg.head_dim));
+  if (cfg.ggml_f16) {
+    if (kv.dtype != KvDtype::kF16) ThrowInvalidArgument("ggml_f16 attention needs an F16 KV cache");
+    if (cfg.scale == 0.0f) a.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  }
   a.out = out;
+  const auto run = cfg.ggml_f16 ? internal::AttentionItemsGgmlF16 : internal::AttentionItems;
   const int64_t items = n_tokens * kv.n_kv_heads;
   if (pool != nullptr) {
-    pool->ParallelFor(items, [&](int64_t b, int64_t e) { internal::AttentionItems(a, b, e); });
+    pool->ParallelFor(items, [&](int64_t b, int64_t e) { run(a, b, e); });
   } else {
-    internal::AttentionItems(a, 0, items);
+    run(a, 0, items);
   }
 }
 
@@ -104,8 +110,16 @@ void AttentionBatch(const AttentionSeq* seqs, int64_t n_seqs, const AttentionCon
                     ThreadPool* pool) {
   int64_t total = 0;
   for (int64_t i = 0; i < n_seqs; ++i) total += seqs[i].n_tokens * seqs[i].kv->n_kv_heads;
-  const float scale =
-      cfg.scale != 0.0f ? cfg.scale : static_cast<float>(1.0 / std::sqrt(cfg.head_dim));
+  float scale = cfg.scale != 0.0f ? cfg.scale : static_cast<float>(1.0 / std::sqrt(cfg.head_dim));
+  if (cfg.ggml_f16) {
+    for (int64_t i = 0; i < n_seqs; ++i) {
+      if (seqs[i].kv->dtype != KvDtype::kF16) {
+        ThrowInvalidArgument("ggml_f16 attention needs an F16 KV cache");
+      }
+    }
+    if (cfg.scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  }
+  const auto items_fn = cfg.ggml_f16 ? internal::AttentionItemsGgmlF16 : internal::AttentionItems;
   // Items [begin, end) of the concatenated item space, sequence by sequence.
   auto run = [&](int64_t begin, int64_t end) {
     int64_t base = 0;
@@ -116,13 +130,14 @@ void AttentionBatch(const AttentionSeq* seqs, int64_t n_seqs, const AttentionCon
       if (b < e) {
         internal::AttentionArgs a;
         a.q = s.q;
+        a.n_tokens = s.n_tokens;
         a.start_pos = s.start_pos;
         a.kv = s.kv;
         a.n_heads = cfg.n_heads;
         a.head_dim = cfg.head_dim;
         a.scale = scale;
         a.out = s.out;
-        internal::AttentionItems(a, b - base, e - base);
+        items_fn(a, b - base, e - base);
       }
       base += items;
     }

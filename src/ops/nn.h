@@ -59,10 +59,32 @@ void EmbeddingLookup(const WeightMatrix& table, const int32_t* tokens, int64_t n
 // position pos, converted to kv.dtype (round to nearest even).
 void StoreKvRow(const PagedKvLayer& kv, bool key, int64_t pos, const float* row);
 
+// ---- llama.cpp parity (ggml_parity.cc): the same ops in the arithmetic of
+// llama.cpp's CPU backend (x86 AVX2 build, c392e50), for checking meshnet
+// against llama.cpp's greedy text bit for bit. Slower (scalar); opt-in.
+// RmsNorm: squares summed in double, scale 1.0f / sqrtf(float mean + eps).
+void RmsNormGgml(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+                 float* out);
+// Rope: angles pos * base^(-2i/dims) built by f32 products, cosf/sinf, fused
+// rotation.
+void RopeGgml(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
+              int64_t start_pos);
+// out (n_rows, dim) = silu(gate) * up, silu by ggml's vectorized expf on
+// groups of 8 of each row and libm's expf on the rest.
+void SwiGluGgml(const float* gate, const float* up, int64_t n_rows, int64_t dim, float* out);
+
 struct AttentionConfig {
   int n_heads = 0;     // query heads; a multiple of kv.n_kv_heads
   int head_dim = 0;    // == kv.head_dim, <= kMaxHeadDim
   float scale = 0.0f;  // 0 means 1/sqrt(head_dim)
+  // llama.cpp parity for an F16 KV cache (requires kv.dtype == kF16):
+  // reproduce the arithmetic of llama.cpp's default CPU attention (no flash
+  // attention) exactly: Q rounded to f16, ggml's f16 dot products (lane
+  // orders of ggml_vec_dot_f16, or of llamafile's sgemm for steps of >= 2
+  // tokens), ggml's vectorized expf, probabilities rounded to f16 before the
+  // product with V (see attention_ggml.cc), and a default scale of
+  // 1.0f / sqrtf(head_dim) in float. Off: the f32-accumulating kernel.
+  bool ggml_f16 = false;
 };
 inline constexpr int kMaxHeadDim = 512;
 

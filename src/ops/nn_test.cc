@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/hwy_test_util.h"
+#include "ops/nn_kernels.h"
 #include "ops/quantize.h"
 #include "util/error.h"
 
@@ -368,6 +369,108 @@ TEST(Attention, SinglePositionReturnsItsValueAndEqualKeysAverage) {
     EXPECT_NEAR(out[hd + i], (v0[i] + v1[i]) / 2, 1e-5);  // equal scores: plain mean
     EXPECT_NEAR(out[2 * hd + i], (v0[i] + v1[i] + v2[i]) / 3, 1e-5);
   }
+}
+
+// ---- llama.cpp F16 attention parity (AttentionConfig::ggml_f16) ----
+
+AttentionConfig GgmlConfig(int n_heads, int head_dim) {
+  AttentionConfig cfg{n_heads, head_dim, 0.0f};
+  cfg.ggml_f16 = true;
+  return cfg;
+}
+
+// Products 2^24 (lane 0 of accumulator 0), 1 (accumulator 1), -2^24
+// (accumulator 2): ggml reduces (acc0 + acc2) + (acc1 + acc3) = 1, where a
+// running f32 sum would lose the 1. The tail past the 32-element blocks is
+// summed in double: +2^24, -2^24 after the block result 1 keep it.
+TEST(AttentionGgmlF16, DotFollowsGgmlLaneOrderAndDoubleTail) {
+  std::vector<uint16_t> x(40, FloatToHalf(0.0f)), y(40, FloatToHalf(1.0f));
+  x[0] = y[0] = y[16] = y[32] = y[33] = FloatToHalf(4096.0f);
+  x[16] = FloatToHalf(-4096.0f);
+  x[8] = FloatToHalf(1.0f);
+  EXPECT_EQ(internal::GgmlDotF16(x.data(), y.data(), 32), 1.0f);
+  x[32] = FloatToHalf(4096.0f);
+  x[33] = FloatToHalf(-4096.0f);
+  EXPECT_EQ(internal::GgmlDotF16(x.data(), y.data(), 40), 1.0f);
+  EXPECT_EQ(internal::GgmlDotF16(x.data() + 32, y.data() + 32, 8), 0.0f);
+}
+
+// Products 2^24 (lane 0), 1 (lane 1), -2^24 (lane 4): tinyBLAS's horizontal
+// sum adds lanes 0 and 4 first and keeps the 1 that a running f32 sum loses;
+// the second block of 8 lands in the same lanes.
+TEST(AttentionGgmlF16, TinyBlasDotFollowsItsHorizontalSum) {
+  std::vector<uint16_t> x(16, FloatToHalf(0.0f)), y(16, FloatToHalf(1.0f));
+  x[0] = y[0] = y[12] = FloatToHalf(4096.0f);
+  x[1] = FloatToHalf(1.0f);
+  x[12] = FloatToHalf(-4096.0f);
+  EXPECT_EQ(internal::TinyBlasDotF16(x.data(), y.data(), 8), 0x1p24f);
+  EXPECT_EQ(internal::TinyBlasDotF16(x.data(), y.data(), 16), 1.0f);
+}
+
+// ggml's vectorized expf: within 2 ulp of libm's where the result is normal,
+// exp(0) == 1, and its two-step scaling below 2^-126 and saturation.
+TEST(AttentionGgmlF16, ExpfIsCloseToLibmAndSaturates) {
+  for (float x = -87.0f; x <= 88.0f; x += 0.01171875f) {
+    const float want = std::exp(x);
+    ASSERT_NEAR(internal::GgmlExpf(x), want, 2 * (std::nextafter(want, INFINITY) - want)) << x;
+  }
+  EXPECT_EQ(internal::GgmlExpf(0.0f), 1.0f);
+  EXPECT_NEAR(internal::GgmlExpf(-95.0f), std::exp(-95.0f), 3e-45);
+  EXPECT_EQ(internal::GgmlExpf(-INFINITY), 0.0f);
+  EXPECT_EQ(internal::GgmlExpf(-200.0f), 0.0f);
+  EXPECT_EQ(internal::GgmlExpf(200.0f), INFINITY);
+}
+
+// Equal scores over 3 positions: each probability float(1/3) is rounded to
+// f16 (0x3555 = 0.333251953125) before multiplying V = 1, so the output is
+// 3 x that (exact in f32), not f32's 1.
+TEST(AttentionGgmlF16, RoundsProbabilitiesToHalf) {
+  const int hd = 8;
+  PagedKv kv(3, 2, 1, 0, 1, hd, KvDtype::kF16);
+  std::vector<float> k(hd, 0.25f), v(hd, 1.0f);
+  for (int64_t p = 0; p < 3; ++p) {
+    StoreKvRow(kv.layer, true, p, k.data());
+    StoreKvRow(kv.layer, false, p, v.data());
+  }
+  const std::vector<float> q(hd, 0.5f);
+  std::vector<float> got(hd), f32(hd);
+  Attention(q.data(), 1, 2, kv.layer, GgmlConfig(1, hd), got.data(), nullptr);
+  Attention(q.data(), 1, 2, kv.layer, AttentionConfig{1, hd, 0.0f}, f32.data(), nullptr);
+  for (int i = 0; i < hd; ++i) {
+    EXPECT_EQ(got[i], 3 * 0.333251953125f);
+    EXPECT_NEAR(f32[i], 1.0f, 1e-6);
+  }
+}
+
+// Agrees with the double reference to f16 accuracy over the shapes the f32
+// path is checked on, pooled or not; an F32 cache is refused.
+TEST(AttentionGgmlF16, CloseToReferenceAndNeedsF16Cache) {
+  ThreadPool pool(2);
+  for (const AttnCase& c :
+       {AttnCase{8, 2, 64, 16, 37, 1, KvDtype::kF16}, AttnCase{8, 2, 64, 16, 0, 20, KvDtype::kF16},
+        AttnCase{8, 8, 8, 4, 11, 5, KvDtype::kF16}, AttnCase{2, 1, 40, 3, 6, 2, KvDtype::kF16}}) {
+    const int64_t n_pos = c.start_pos + c.n_tokens;
+    PagedKv kv(n_pos, c.block_tokens, 1, 0, c.n_kv_heads, c.head_dim, c.dtype);
+    const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+    const auto keys = Random(n_pos * kv_dim, 12, 1.5f), values = Random(n_pos * kv_dim, 13);
+    for (int64_t p = 0; p < n_pos; ++p) {
+      StoreKvRow(kv.layer, true, p, keys.data() + p * kv_dim);
+      StoreKvRow(kv.layer, false, p, values.data() + p * kv_dim);
+    }
+    const auto q = Random(c.n_tokens * c.n_heads * c.head_dim, 14, 1.5f);
+    std::vector<float> got(q.size()), pooled(q.size()), want(q.size());
+    Attention(q.data(), c.n_tokens, c.start_pos, kv.layer, GgmlConfig(c.n_heads, c.head_dim),
+              got.data(), nullptr);
+    Attention(q.data(), c.n_tokens, c.start_pos, kv.layer, GgmlConfig(c.n_heads, c.head_dim),
+              pooled.data(), &pool);
+    AttentionReference(q.data(), c.n_tokens, c.start_pos, kv.layer,
+                       AttentionConfig{c.n_heads, c.head_dim, 0.0f}, want.data());
+    EXPECT_EQ(got, pooled);
+    ExpectClose(got, want, 1e-2, 5e-3, "ggml f16 attention");
+  }
+  PagedKv f32(1, 1, 1, 0, 1, 8, KvDtype::kF32);
+  std::vector<float> q(8, 1.0f), out(8);
+  EXPECT_THROW(Attention(q.data(), 1, 0, f32.layer, GgmlConfig(1, 8), out.data(), nullptr), Error);
 }
 
 }  // namespace

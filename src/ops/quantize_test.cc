@@ -33,6 +33,25 @@ TEST(HalfToFloatFast, MatchesReferenceForEveryBitPattern) {
   }
 }
 
+// Every float that is a half, the midpoints between neighbouring halves (ties)
+// and their float neighbours, and a stride over all bit patterns.
+TEST(FloatToHalfFast, MatchesReferenceAtHalvesTiesAndAStride) {
+  auto check = [](uint32_t bits) {
+    const float f = BitsFloat(bits);
+    ASSERT_EQ(FloatToHalfFast(f), FloatToHalf(f)) << std::hex << bits;
+  };
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    for (uint32_t sign : {0u, 0x8000u}) {
+      const float lo = HalfToFloat(static_cast<uint16_t>(h | sign));
+      const float hi = HalfToFloat(static_cast<uint16_t>((h + 1) | sign));
+      const uint32_t mid = FloatBits((lo + hi) / 2);  // exact in f32
+      for (uint32_t b : {FloatBits(lo), mid - 1, mid, mid + 1}) check(b);
+    }
+  }
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 4093) check(static_cast<uint32_t>(b));
+  for (uint32_t b : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x477ff000u, 0x477fefffu}) check(b);
+}
+
 TEST(Quantize, RowBytesAndValidity) {
   EXPECT_EQ(RowBytes(GgmlType::kF32, 7), 28);
   EXPECT_EQ(RowBytes(GgmlType::kBF16, 7), 14);

@@ -52,6 +52,13 @@ struct LlamaShard::Workspace {
 namespace {
 ops::WeightMatrix W(const model::MatrixView& m) { return {m.type, m.data, m.rows, m.cols}; }
 
+// MatMul, or in ggml_parity mode ggml's arithmetic where ops has it.
+void Mm(bool ggml_parity, const ops::WeightMatrix& w, const float* x, int64_t n, float* y,
+        void* scratch, ThreadPool* pool) {
+  if (ggml_parity && ops::MatMulGgmlSupports(w.type)) return ops::MatMulGgml(w, x, n, y, pool);
+  ops::MatMul(w, x, n, y, scratch, pool);
+}
+
 // y (n, dim) += bias (dim) per row; nothing when the layer has no bias.
 void AddBias(float* y, const float* bias, int64_t n, int64_t dim) {
   if (bias == nullptr) return;
@@ -60,12 +67,13 @@ void AddBias(float* y, const float* bias, int64_t n, int64_t dim) {
 }  // namespace
 
 LlamaShard::LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_layer, int end_layer,
-                       ThreadPool* pool)
+                       ThreadPool* pool, bool ggml_parity)
     : file_(std::move(file)),
       hparams_(model::LlamaHParams::FromGguf(*file_)),
       weights_(model::LlamaWeights::Load(*file_, hparams_, start_layer, end_layer)),
       role_(RoleForRange(start_layer, end_layer, hparams_.n_layers)),
-      pool_(pool) {
+      pool_(pool),
+      ggml_parity_(ggml_parity) {
   // The (type, row length) of every matrix this shard multiplies: MatMul
   // scratch is sized for the largest of them.
   auto take = [&](const model::MatrixView& m) {
@@ -157,6 +165,7 @@ void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
   const model::LlamaHParams& hp = hparams_;
   const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f,
                              hp.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
+  const auto rope_op = ggml_parity_ ? ops::RopeGgml : ops::Rope;
   const int64_t q_dim = hp.q_dim(), kv_dim = hp.kv_dim();
   int64_t row = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
@@ -164,8 +173,8 @@ void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
     float* q = ws.q.data() + row * q_dim;
     float* k = ws.k.data() + row * kv_dim;
     const float* v = ws.v.data() + row * kv_dim;
-    ops::Rope(q, s.n, hp.n_heads, hp.head_dim, rope, s.start);
-    ops::Rope(k, s.n, hp.n_kv_heads, hp.head_dim, rope, s.start);
+    rope_op(q, s.n, hp.n_heads, hp.head_dim, rope, s.start);
+    rope_op(k, s.n, hp.n_kv_heads, hp.head_dim, rope, s.start);
     ws.kv[i] = s.step->Layer(lw.layer);
     for (int64_t t = 0; t < s.n; ++t) {  // the step's reserved rows
       ops::StoreKvRow(ws.kv[i], /*key=*/true, s.start + t, k + t * kv_dim);
@@ -174,7 +183,8 @@ void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
     ws.seqs[i] = {q, s.n, s.start, &ws.kv[i], ws.att.data() + row * q_dim};
     row += s.n;
   }
-  const ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
+  ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
+  attn.ggml_f16 = ggml_parity_;
   ops::AttentionBatch(ws.seqs.data(), static_cast<int64_t>(slices.size()), attn, pool_);
 }
 
@@ -182,6 +192,7 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
                              bool check_cancel) const {
   const model::LlamaHParams& hp = hparams_;
   const int64_t d = hp.n_embd;
+  const auto rms_norm = ggml_parity_ ? ops::RmsNormGgml : ops::RmsNorm;
   std::unique_ptr<Workspace> ws = Acquire(n);
   ws->ReserveSlices(slices.size());
   float* xb = ws->xb.data();
@@ -189,22 +200,26 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
   for (const model::LayerWeights& lw : weights_.layers()) {
     if (check_cancel && StepCancelled()) break;  // thrown below, once the workspace is back
     // ---- attention ----
-    ops::RmsNorm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
-    ops::MatMul(W(lw.wq), xb, n, ws->q.data(), mm, pool_);     // (n, q_dim)
-    ops::MatMul(W(lw.wk), xb, n, ws->k.data(), mm, pool_);     // (n, kv_dim)
-    ops::MatMul(W(lw.wv), xb, n, ws->v.data(), mm, pool_);     // (n, kv_dim)
+    rms_norm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);        // (n, n_embd)
+    Mm(ggml_parity_, W(lw.wq), xb, n, ws->q.data(), mm, pool_);  // (n, q_dim)
+    Mm(ggml_parity_, W(lw.wk), xb, n, ws->k.data(), mm, pool_);  // (n, kv_dim)
+    Mm(ggml_parity_, W(lw.wv), xb, n, ws->v.data(), mm, pool_);  // (n, kv_dim)
     AddBias(ws->q.data(), lw.bq, n, hp.q_dim());
     AddBias(ws->k.data(), lw.bk, n, hp.kv_dim());
     AddBias(ws->v.data(), lw.bv, n, hp.kv_dim());
-    Attend(*ws, lw, slices);                                               // (n, q_dim)
-    ops::MatMul(W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
+    Attend(*ws, lw, slices);                                                    // (n, q_dim)
+    Mm(ggml_parity_, W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
     // ---- feed-forward (SwiGLU) ----
-    ops::RmsNorm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);       // (n, n_embd)
-    ops::MatMul(W(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);  // (n, n_ff)
-    ops::MatMul(W(lw.w_up), xb, n, ws->up.data(), mm, pool_);      // (n, n_ff)
-    ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
-    ops::MatMul(W(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
+    rms_norm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);                // (n, n_embd)
+    Mm(ggml_parity_, W(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);  // (n, n_ff)
+    Mm(ggml_parity_, W(lw.w_up), xb, n, ws->up.data(), mm, pool_);      // (n, n_ff)
+    if (ggml_parity_) {
+      ops::SwiGluGgml(ws->gate.data(), ws->up.data(), n, hp.n_ff, ws->gate.data());
+    } else {
+      ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
+    }
+    Mm(ggml_parity_, W(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
   }
   Return(std::move(ws));
@@ -217,9 +232,9 @@ void LlamaShard::Logits(const float* hidden_row, float* logits) const {
                 "only the tail shard owns the final norm and LM head");
   }
   std::unique_ptr<Workspace> ws = Acquire(1);
-  ops::RmsNorm(hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps,
-               ws->xb.data());
-  ops::MatMul(W(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);  // (vocab)
+  (ggml_parity_ ? ops::RmsNormGgml : ops::RmsNorm)(
+      hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps, ws->xb.data());
+  Mm(ggml_parity_, W(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);
   Return(std::move(ws));
 }
 

@@ -52,8 +52,11 @@ class LlamaShard {
  public:
   // Loads the owned layers [start_layer, end_layer] (inclusive) of `file`.
   // `pool` (may be null: single-threaded) must outlive the shard.
+  // `ggml_parity`: compute RMSNorm, RoPE, SwiGLU and attention in the
+  // arithmetic of llama.cpp's CPU backend (ops/nn.h), for bit-level parity
+  // with its greedy text; needs an F16 KV cache; slower.
   LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_layer, int end_layer,
-             ThreadPool* pool);
+             ThreadPool* pool, bool ggml_parity = false);
   ~LlamaShard();
 
   const model::LlamaHParams& hparams() const { return hparams_; }
@@ -102,6 +105,7 @@ class LlamaShard {
   model::LlamaWeights weights_;
   ShardRole role_;
   ThreadPool* pool_;
+  bool ggml_parity_;
   std::vector<std::pair<GgmlType, int64_t>> matmul_shapes_;
   mutable Mutex ws_mu_;
   mutable std::vector<std::unique_ptr<Workspace>> free_ws_ GUARDED_BY(ws_mu_);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,28 @@ TEST_F(CliHardeningTest, BatchFlagsOutOfRangeExitTwo) {
   const CliResult ok = Run({"generate", "--prompt", "Once", "--max-tokens", "2", "--threads", "1",
                             "--max-batch-sessions", "1", "--prefill-chunk", "1"});
   EXPECT_EQ(ok.exit_code, 0) << Describe(ok);
+}
+
+// --ggml-parity computes in llama.cpp's arithmetic: `meshnet generate` prints
+// llama.cpp's greedy text for a preset of tests/data/quant (its
+// reference_outputs.json); other KV dtypes are refused with exit code 2.
+TEST_F(CliHardeningTest, GgmlParityGeneratesLlamaCppText) {
+  const std::string dir = MESHNET_QUANT_DIR;
+  const std::string name = "stories260K-Q5_K_S.gguf";
+  std::ifstream in(dir + "/reference_outputs.json");
+  const std::string want =
+      nlohmann::json::parse(in)["outputs"][name]["Once upon a time"].get<std::string>();
+  const std::string model = dir + "/" + name;
+  auto run = [&](const std::string& dtype) {
+    return Run({"generate", "--model", model, "--prompt", "Once upon a time", "--max-tokens", "64",
+                "--threads", "1", "--shards", "2", "--ggml-parity", "--kv-dtype", dtype});
+  };
+  const CliResult r = run("f16");
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(r.out, want) << Describe(r);
+  const CliResult bad = run("f32");
+  EXPECT_EQ(bad.exit_code, 2) << Describe(bad);
+  EXPECT_THAT(bad.err, HasSubstr("needs an F16 KV cache")) << Describe(bad);
 }
 
 // In-process-only flags are an error with --nodes, not silently ignored.
