@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "node/step.h"
 #include "rpc/options.h"
 
 namespace meshnet::node {
@@ -42,6 +43,11 @@ class NodeServer {
   std::string metrics_address() const;
   // The random id of this process's node (changes on restart).
   std::string instance_id() const;
+  // The node's Info as MeshNode.Info answers it (for the registry announcer).
+  node::NodeInfo Info() const;
+  // Steps running now, and the KV manager's session cap.
+  int64_t steps_in_flight() const;
+  int64_t max_sessions() const;
   // Stops accepting calls and waits up to `grace_seconds` for in-flight calls,
   // then cancels the rest. Idempotent.
   void Shutdown(double grace_seconds);
