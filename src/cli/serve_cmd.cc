@@ -19,6 +19,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "cli/serve_registry.h"
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
 #include "model/hparams.h"
@@ -57,6 +58,7 @@ struct ServeFlags {
   int64_t admission_queue = 16;
   double active_window_s = 30.0;
   int max_calls_per_peer = 32;
+  ServeRegistryFlags registry;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -134,6 +136,8 @@ int RunServe(const ServeFlags& f) {
   if (!server.metrics_address().empty()) {
     std::printf("metrics on %s\n", server.metrics_address().c_str());
   }
+  auto announced = StartServeRegistry(f.registry, server, options.auth_token, f.tls_ca, f.tls_cert,
+                                      f.tls_key, f.insecure);
   std::fflush(stdout);
   spdlog::info(
       "event=ready model={} layers={}-{} of={} kv_budget={} kv_dtype={} block_tokens={} "
@@ -145,6 +149,7 @@ int RunServe(const ServeFlags& f) {
   const int sig = stop.Wait();
   spdlog::info("event=stopping signal={} grace_s={}", sig == SIGINT ? "SIGINT" : "SIGTERM",
                f.grace_s);
+  announced.reset();  // withdraw from the registry first
   server.Shutdown(f.grace_s);
   spdlog::info("event=stopped");
   return 0;
@@ -216,6 +221,7 @@ const CommandRegistrar kRegistrar(
                        "Concurrent Step/Truncate calls one client address may have")
            ->capture_default_str()
            ->check(IntRange(1, kMaxRpcThreads));
+       AddServeRegistryFlags(sub, &f->registry);
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 
