@@ -29,6 +29,7 @@
 #ifdef MESHNET_WITH_RPC
 #include "cli/remote_route.h"
 #include "node/identity.h"
+#include "rpc/registry_route.h"
 #endif
 
 namespace meshnet::cli {
@@ -149,6 +150,15 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
 #endif
 }
 
+// --registry: the route costs go into the API's /metrics.
+void ExposeRouteCosts(const std::shared_ptr<mesh::RouteProvider>& remote,
+                      api::ApiMetrics& metrics) {
+#ifdef MESHNET_WITH_RPC
+  auto p = std::dynamic_pointer_cast<rpc::RegistryRouteProvider>(remote);
+  if (p) metrics.SetExtra([p] { return p->MetricsText(); });
+#endif
+}
+
 // --chat-template, else the GGUF's template, else ChatML.
 api::ChatFormatter MakeFormatter(const ApiFlags& f, const gguf::GgufFile& file,
                                  const model::Tokenizer& tokenizer) {
@@ -206,6 +216,7 @@ int RunApi(const ApiFlags& f) {
   eo.max_concurrent = f.max_concurrent;
   eo.max_queue = f.queue;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
+  ExposeRouteCosts(route.remote, engine.metrics());
 
   api::ApiServer server(&engine, MakeServerOptions(f));
   const int bound = server.Bind(host, port);

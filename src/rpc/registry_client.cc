@@ -120,9 +120,13 @@ std::unique_ptr<registry::Registry> OpenRegistry(const std::string& spec,
     ThrowInvalidArgument("--registry '" + spec +
                          "': expected HOST:PORT (embedded registry) or etcd://HOST:PORT/prefix");
   }
-  ParseNodeList(spec);  // one host:port (throws naming it otherwise)
-  if (spec.find(',') != std::string::npos) {
-    ThrowInvalidArgument("--registry takes one address, got '" + spec + "'");
+  try {
+    if (spec.find(',') != std::string::npos) throw Error(ErrorKind::kInvalidArgument, "");
+    ParseNodeList(spec);  // one host:port with a port in 1..65535
+  } catch (const Error&) {
+    ThrowInvalidArgument("invalid --registry '" + spec +
+                         "': expected one HOST:PORT (embedded registry, port 1..65535) or "
+                         "etcd://HOST:PORT/prefix");
   }
   return std::make_unique<RemoteRegistry>(spec, options);
 }

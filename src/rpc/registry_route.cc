@@ -1,5 +1,7 @@
 #include "rpc/registry_route.h"
 
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 #include <spdlog/cfg/env.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -266,6 +268,32 @@ std::map<std::string, double> RegistryRouteProvider::last_costs() const {
 bool RegistryRouteProvider::used_cache() const {
   MutexLock lock(&impl_->mu);
   return impl_->used_cache;
+}
+
+std::string RegistryRouteProvider::MetricsText() const {
+  using prometheus::MetricType;
+  prometheus::MetricFamily cost{"meshnet_route_node_cost",
+                                "Cost of each node at the latest plan (lower is better)",
+                                MetricType::Gauge,
+                                {}};
+  prometheus::MetricFamily planned{"meshnet_route_sessions_planned_total",
+                                   "Sessions this client planned over each node",
+                                   MetricType::Counter,
+                                   {}};
+  MutexLock lock(&impl_->mu);
+  for (const auto& [node, c] : impl_->costs) {
+    prometheus::ClientMetric m;
+    m.label = {{"node", node}};
+    m.gauge.value = c;
+    cost.metric.push_back(m);
+  }
+  for (const auto& [node, n] : impl_->picks) {
+    prometheus::ClientMetric m;
+    m.label = {{"node", node}};
+    m.counter.value = static_cast<double>(n);
+    planned.metric.push_back(m);
+  }
+  return prometheus::TextSerializer().Serialize({cost, planned});
 }
 
 }  // namespace meshnet::rpc

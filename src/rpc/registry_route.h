@@ -55,6 +55,9 @@ class RegistryRouteProvider final : public mesh::RouteProvider {
   std::map<std::string, double> last_costs() const;
   // Whether the latest plan used the cached view (registry unreachable).
   bool used_cache() const;
+  // Prometheus text: meshnet_route_node_cost{node,layers} (latest plan) and
+  // meshnet_route_sessions_planned_total{node}, for a client's /metrics.
+  std::string MetricsText() const;
 
  private:
   struct Impl;

@@ -155,6 +155,12 @@ TEST_P(RegistryMeshTest, AClientKnowingOnlyTheRegistryGeneratesTheInProcessText)
   const auto got = mesh::Generate(*provider, Prompt(0), Options(24));
   EXPECT_EQ(got.generated_ids, Reference(Prompt(0), 24));
   EXPECT_EQ(got.failovers, 0);
+  const std::string metrics = provider->MetricsText();
+  for (const auto& n : nodes_) {
+    EXPECT_NE(metrics.find("meshnet_route_node_cost{node=\"" + n->address() + "\"}"),
+              std::string::npos)
+        << metrics;
+  }
   // Four hops: 0-0, 1-1, one of the 2-3 replicas, 4-4.
   EXPECT_EQ(std::count(got.final_route.begin(), got.final_route.end(), '>'), 3) << got.final_route;
 }
