@@ -22,6 +22,10 @@ class Running final : public ServeRegistry {
     if (page) page->Stop();
     if (server) server->Shutdown();
   }
+  void SetDraining(bool draining) override { announcer->SetDraining(draining); }
+  registry::Registry& registry() override { return *client; }
+  registry::NodeRecord record() const override { return rpc::NodeRecordOf(*node); }
+  const rpc::NodeServer* node = nullptr;
   std::unique_ptr<rpc::RegistryServer> server;
   std::unique_ptr<registry::StatusHttpServer> page;
   std::unique_ptr<registry::Registry> client;
@@ -85,6 +89,7 @@ std::unique_ptr<ServeRegistry> StartServeRegistry(const ServeRegistryFlags& f,
   }
   r->client = rpc::OpenRegistry(target, co);
   const rpc::NodeServer* node = &server;
+  r->node = node;
   r->announcer = std::make_unique<registry::Announcer>(
       r->client.get(), [node] { return rpc::NodeRecordOf(*node); }, f.lease_ttl_s);
   r->announcer->Start();

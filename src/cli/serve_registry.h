@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "registry/registry.h"
+
 namespace meshnet::rpc {
 class NodeServer;
 }
@@ -23,10 +25,16 @@ struct ServeRegistryFlags {
 void AddServeRegistryFlags(CLI::App* sub, ServeRegistryFlags* f);
 
 // Whatever the flags started: stopped (record withdrawn, registry closed) on
-// destruction.
+// destruction. For a drain: SetDraining(true) heartbeats at once with the
+// draining flag (clients stop routing new sessions here), and
+// registry::FindReplicas(registry(), record(), bytes) names the replicas of
+// this node's range with room for a session's KV.
 class ServeRegistry {
  public:
   virtual ~ServeRegistry() = default;
+  virtual void SetDraining(bool draining) = 0;
+  virtual registry::Registry& registry() = 0;
+  virtual registry::NodeRecord record() const = 0;
 };
 
 // Starts the embedded registry (printing "registry on HOST:PORT", and
