@@ -14,6 +14,7 @@ PKGS=(
   libhwy-dev libpcre2-dev
   python3-numpy python3-jinja2
   libcpp-httplib-dev curl chromium
+  etcd-server etcd-client
 )
 # meshnet api's client and browser tests need Node + npm. Debian's `npm`
 # package conflicts with an npm installed another way, so only ask apt for

@@ -76,6 +76,7 @@ std::string ApiMetrics::Render(int in_flight, int queued) {
   queued_->Set(queued);
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  if (extra_) out << extra_();
   return out.str();
 }
 

@@ -9,6 +9,7 @@
 // metrics are atomic; the label lookup is guarded by the family).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,8 @@ class ApiMetrics {
   void ObserveInterTokenLatency(double seconds);
   // Prometheus text exposition, with the gauges set to these values.
   std::string Render(int in_flight, int queued);
+  // Text appended to every Render (e.g. the registry route costs); set before serving.
+  void SetExtra(std::function<std::string()> extra) { extra_ = std::move(extra); }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -44,6 +47,7 @@ class ApiMetrics {
   prometheus::Histogram* itl_;
   prometheus::Gauge* in_flight_;
   prometheus::Gauge* queued_;
+  std::function<std::string()> extra_;
 };
 
 }  // namespace meshnet::api

@@ -1,5 +1,5 @@
 // meshnet api: the OpenAI-compatible HTTP front door over a route of shards
-// (in-process by default, gRPC nodes with --nodes). See src/api/.
+// (in-process by default, gRPC nodes with --nodes or --registry). See src/api/.
 #include <signal.h>
 
 #include <algorithm>
@@ -28,7 +28,9 @@
 #include "util/sizes.h"
 #include "util/thread_pool.h"
 #ifdef MESHNET_WITH_RPC
-#include "rpc/remote.h"
+#include "cli/remote_route.h"
+#include "node/identity.h"
+#include "rpc/registry_route.h"
 #endif
 
 namespace meshnet::cli {
@@ -45,6 +47,7 @@ struct ApiFlags {
   bool ggml_parity = false;
   int threads = 0;
   std::string nodes;
+  std::string registry;
   std::string auth_token;
   std::string node_tls_ca;
   std::string node_tls_cert;
@@ -116,7 +119,7 @@ class SharedProvider final : public mesh::RouteProvider {
 };
 
 void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, RouteSetup& r) {
-  if (f.nodes.empty()) {
+  if (f.nodes.empty() && f.registry.empty()) {
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
     mo.split =
@@ -143,12 +146,21 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
   co.tls_cert = f.node_tls_cert;
   co.tls_key = f.node_tls_key;
   co.timeout_s = f.timeout_s;
-  co.Validate();
-  r.remote = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
+  if (!f.registry.empty()) co.expected_model_id = node::ModelIdentity(*file);  // routed by id
+  r.remote = MakeNodeRouteProvider(f.nodes, f.registry, co);
   auto remote = r.remote;
   r.factory = [remote] { return std::make_unique<SharedProvider>(remote); };
 #else
-  ThrowInvalidArgument("--nodes needs a build with gRPC (MESHNET_RPC=ON)");
+  ThrowInvalidArgument("--nodes and --registry need a build with gRPC (MESHNET_RPC=ON)");
+#endif
+}
+
+// --registry: the route costs go into the API's /metrics.
+void ExposeRouteCosts(const std::shared_ptr<mesh::RouteProvider>& remote,
+                      api::ApiMetrics& metrics) {
+#ifdef MESHNET_WITH_RPC
+  auto p = std::dynamic_pointer_cast<rpc::RegistryRouteProvider>(remote);
+  if (p) metrics.SetExtra([p] { return p->MetricsText(); });
 #endif
 }
 
@@ -209,6 +221,7 @@ int RunApi(const ApiFlags& f) {
   eo.max_concurrent = f.max_concurrent;
   eo.max_queue = f.queue;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
+  ExposeRouteCosts(route.remote, engine.metrics());
 
   api::ApiServer server(&engine, MakeServerOptions(f));
   const int bound = server.Bind(host, port);
@@ -248,11 +261,14 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
       ->capture_default_str();
   sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
+  sub->add_option("--registry", f->registry,
+                  "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet registry) "
+                  "or etcd://HOST:PORT/prefix");
   sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
   sub->add_option("--node-tls-ca", f->node_tls_ca, "CA certificate (PEM) to verify nodes");
   sub->add_option("--node-tls-cert", f->node_tls_cert, "Client certificate (PEM) for the nodes");
   sub->add_option("--node-tls-key", f->node_tls_key, "Client private key (PEM) for the nodes");
-  sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes")
+  sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes/--registry")
       ->capture_default_str();
   sub->add_option("--api-key", f->api_key,
                   "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");

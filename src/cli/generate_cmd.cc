@@ -23,7 +23,7 @@
 #include "util/sizes.h"
 #include "util/thread_pool.h"
 #ifdef MESHNET_WITH_RPC
-#include "rpc/remote.h"
+#include "cli/remote_route.h"
 #endif
 
 namespace meshnet::cli {
@@ -45,6 +45,7 @@ struct GenerateFlags {
   int threads = 0;
   std::string output = "text";
   std::string nodes;
+  std::string registry;
   std::string auth_token;
   std::string tls_ca;
   std::string tls_cert;
@@ -110,10 +111,10 @@ int RunGenerate(const GenerateFlags& f) {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
   CheckLoadFlags(f);
-  if (!f.nodes.empty() && !f.in_process_flags.empty()) {
+  if ((!f.nodes.empty() || !f.registry.empty()) && !f.in_process_flags.empty()) {
     ThrowInvalidArgument(
         f.in_process_flags +
-        " set the in-process shards; with --nodes each node has its own "
+        " set the in-process shards; with --nodes or --registry each node has its own "
         "(meshnet serve --kv-budget, --layers, --kv-dtype, --ggml-parity, --threads, "
         "--max-batch-*)");
   }
@@ -146,7 +147,7 @@ int RunGenerate(const GenerateFlags& f) {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<mesh::InProcessMesh> local;
   std::unique_ptr<mesh::RouteProvider> provider;
-  if (f.nodes.empty()) {
+  if (f.nodes.empty() && f.registry.empty()) {
     const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
     mesh::InProcessMeshOptions mo;
     mo.split =
@@ -172,9 +173,9 @@ int RunGenerate(const GenerateFlags& f) {
     co.timeout_s = f.timeout_s;
     co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
     co.Validate();
-    provider = rpc::MakeRemoteRouteProvider(rpc::ParseNodeList(f.nodes), co);
+    provider = MakeNodeRouteProvider(f.nodes, f.registry, co);
 #else
-    ThrowInvalidArgument("--nodes needs a build with gRPC (MESHNET_RPC=ON)");
+    ThrowInvalidArgument("--nodes and --registry need a build with gRPC (MESHNET_RPC=ON)");
 #endif
   }
 
@@ -235,7 +236,8 @@ int RunGenerate(const GenerateFlags& f) {
 
 const CommandRegistrar kRegistrar(
     {"generate",
-     "Generate text over a route of shards (in-process by default, or gRPC nodes with --nodes)",
+     "Generate text over a route of shards (in-process by default, gRPC nodes with --nodes or "
+     "--registry)",
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<GenerateFlags>();
        sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
@@ -292,12 +294,16 @@ const CommandRegistrar kRegistrar(
            "Load mode: run N (1-1024) concurrent sessions of the prompt through one client and "
            "print each one's output and the aggregate tokens/s, TTFT and inter-token latency");
        sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
+       sub->add_option("--registry", f->registry,
+                       "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet "
+                       "registry) or etcd://HOST:PORT/prefix");
        sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
        sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
        sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
        sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
-       sub->add_option("--timeout", f->timeout_s,
-                       "Per-call deadline in seconds for --nodes (at most a year is used)")
+       sub->add_option(
+              "--timeout", f->timeout_s,
+              "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
            ->capture_default_str();
        std::vector<CLI::Option*> in_process = {shards, split, budget, dtype, parity, threads};
        for (CLI::Option* o : AddBatchFlags(sub, &f->batch, "each in-process shard")) {

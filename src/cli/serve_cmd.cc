@@ -21,6 +21,7 @@
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "cli/serve_drain.h"
+#include "cli/serve_registry.h"
 #include "gguf/gguf_reader.h"
 #include "kv/hot_kv_state.h"
 #include "model/hparams.h"
@@ -63,6 +64,7 @@ struct ServeFlags {
   int max_calls_per_peer = 32;
   BatchFlags batch;
   std::string drain_to;  // host:port,... of replicas to hand sessions to on a stop signal
+  ServeRegistryFlags registry;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -146,6 +148,8 @@ int RunServe(const ServeFlags& f) {
   if (!server.metrics_address().empty()) {
     std::printf("metrics on %s\n", server.metrics_address().c_str());
   }
+  auto announced = StartServeRegistry(f.registry, server, options.auth_token, f.tls_ca, f.tls_cert,
+                                      f.tls_key, f.insecure);
   std::fflush(stdout);
   spdlog::info(
       "event=ready model={} layers={}-{} of={} kv_budget={} kv_dtype={} block_tokens={} "
@@ -157,6 +161,7 @@ int RunServe(const ServeFlags& f) {
   const int sig = stop.Wait();
   spdlog::info("event=stopping signal={} grace_s={} drain_to={}",
                sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s, f.drain_to);
+  announced.reset();  // withdraw from the registry first: new sessions go elsewhere
   StopServing(server, drain_to, f.grace_s);
   spdlog::info("event=stopped");
   return 0;
@@ -237,6 +242,7 @@ const CommandRegistrar kRegistrar(
                        "On SIGINT/SIGTERM, hand live sessions (their verified KV) to these "
                        "replicas of the same layer range (host:port,...) within --grace, "
                        "instead of letting them re-prefill elsewhere");
+       AddServeRegistryFlags(sub, &f->registry);
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 

@@ -12,6 +12,7 @@ namespace {
 
 struct Path {
   int64_t hops = 0;
+  double cost = 0;
   int64_t live = 0;
   int64_t free_bytes = 0;
   std::vector<size_t> idx;
@@ -20,6 +21,7 @@ struct Path {
 // True if `a` is a better route prefix than `b` (both end at the same layer).
 bool Better(const Path& a, const Path& b, std::span<const RouteCandidate> c) {
   if (a.hops != b.hops) return a.hops < b.hops;
+  if (a.cost != b.cost) return a.cost < b.cost;
   if (a.live != b.live) return a.live < b.live;
   if (a.free_bytes != b.free_bytes) return a.free_bytes > b.free_bytes;
   return std::lexicographical_compare(
@@ -59,6 +61,7 @@ std::vector<size_t> PlanRoute(std::span<const RouteCandidate> candidates, int to
       if (c.start_layer != p || c.end_layer < p || c.end_layer >= total_layers) continue;
       Path next = *best[p];
       next.hops += 1;
+      next.cost += c.cost;
       next.live += c.live_sessions;
       next.free_bytes += c.kv_bytes_free;
       next.idx.push_back(i);

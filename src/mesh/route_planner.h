@@ -5,9 +5,11 @@
 // after the previous one ends (a bundle hands over at `next_layer`), and the
 // last ends at L-1. Among all such routes the planner picks, in order:
 //   1. fewest hops;
-//   2. fewest live sessions summed over the hops (spread the load);
-//   3. most free KV bytes summed over the hops;
-//   4. the lexicographically smallest sequence of candidate names
+//   2. lowest `cost` summed over the hops (0 unless the caller measures one,
+//      e.g. the registry client: round-trip time, load and free KV);
+//   3. fewest live sessions summed over the hops (spread the load);
+//   4. most free KV bytes summed over the hops;
+//   5. the lexicographically smallest sequence of candidate names
 //      (deterministic whatever order the candidates come in).
 // A dynamic program over hand-over layers (each criterion is a sum, so the
 // best route to a layer extends to the best route through it).
@@ -28,6 +30,7 @@ struct RouteCandidate {
   int end_layer = 0;  // inclusive
   int64_t live_sessions = 0;
   int64_t kv_bytes_free = 0;
+  double cost = 0;  // lower is better; compared (summed) right after the hop count
 };
 
 // Indices into `candidates`, head first. Candidates whose range is invalid

@@ -15,6 +15,7 @@
 #include "mesh/route_planner.h"
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
+#include "rpc/channel.h"
 #include "rpc/codec.h"
 #include "rpc/migrate.h"
 #include "rpc/status.h"
@@ -37,42 +38,12 @@ spdlog::logger& Log() {
   return *logger;
 }
 
-// A deadline `seconds` from now. Clamped to [0, a year]: --timeout 1e13 is
-// "no practical limit", and must not overflow int64 microseconds (which put
-// the deadline in the past and marked a healthy node dead).
-std::chrono::system_clock::time_point After(double seconds) {
-  constexpr double kMaxSeconds = 365.0 * 24 * 3600;
-  const double s = std::isnan(seconds) ? 0.0 : std::clamp(seconds, 0.0, kMaxSeconds);
-  return std::chrono::system_clock::now() +
-         std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
-}
+std::chrono::system_clock::time_point After(double seconds) { return DeadlineAfter(seconds); }
 
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ClientOptions& o) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  // Reconnect quickly after a node restarts; the generator decides what is dead.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // One connection per endpoint object, not shared through the global pool.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!o.tls_ca.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ReadPemFile(o.tls_ca, "TLS CA");
-    if (!o.tls_cert.empty()) {
-      ssl.pem_cert_chain = ReadPemFile(o.tls_cert, "TLS certificate");
-      ssl.pem_private_key = ReadPemFile(o.tls_key, "TLS key");
-    }
-    creds = grpc::SslCredentials(ssl);
-    if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
-  } else {
-    creds = grpc::InsecureChannelCredentials();
-  }
-  return grpc::CreateCustomChannel(address, creds, args);
+  return MakeClientChannel(address, o);
 }
 
 namespace {

@@ -176,9 +176,18 @@ class MeshNodeService final : public pb::MeshNode::Service {
   void LimitedStep(grpc::ServerContext* ctx, const pb::StepRequest& req, pb::StepResponse* out) {
     PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
     shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    struct Done {
+      std::atomic<int64_t>* n;
+      ~Done() { n->fetch_sub(1, std::memory_order_relaxed); }
+    } done{&in_flight_};
     core_->Step(req, out);
   }
 
+ public:
+  int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+
+ private:
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
     if (token_digest_.empty()) return grpc::Status::OK;
     const auto& md = ctx->client_metadata();
@@ -216,6 +225,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   PeerLimits peers_;
   const int max_streams_;
   std::atomic<int> open_streams_{0};
+  std::atomic<int64_t> in_flight_{0};  // steps running (the registry's load signal)
 };
 
 // The largest message a step of this shard needs: a full-context bundle
@@ -338,6 +348,11 @@ void NodeServer::Start() {
 std::string NodeServer::bound_address() const { return impl_->bound; }
 std::string NodeServer::metrics_address() const { return impl_->metrics_bound; }
 std::string NodeServer::instance_id() const { return impl_->node_service.core().instance_id(); }
+node::NodeInfo NodeServer::Info() const { return impl_->node_service.core().Info(); }
+int64_t NodeServer::steps_in_flight() const { return impl_->service.in_flight(); }
+int64_t NodeServer::max_sessions() const {
+  return impl_->node_service.core().manager().config().max_sessions;
+}
 
 void NodeServer::Shutdown(double grace_seconds) {
   if (!impl_) return;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "rpc/drain.h"
+#include "node/step.h"
 #include "rpc/options.h"
 
 namespace meshnet::node {
@@ -49,6 +50,11 @@ class NodeServer {
   DrainReport Drain(DrainOptions options);
   // Waits up to `seconds` until every moved session's client was told.
   bool WaitMovesTold(double seconds);
+  // The node's Info as MeshNode.Info answers it (for the registry announcer).
+  node::NodeInfo Info() const;
+  // Steps running now, and the KV manager's session cap.
+  int64_t steps_in_flight() const;
+  int64_t max_sessions() const;
   // Stops accepting calls and waits up to `grace_seconds` for in-flight calls,
   // then cancels the rest. Idempotent.
   void Shutdown(double grace_seconds);

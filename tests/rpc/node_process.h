@@ -23,12 +23,16 @@ class NodeProcess {
  public:
   // Runs `binary serve <args...>`; waits up to `timeout_s` for "listening on"
   // (and "metrics on" when `expect_metrics`). Throws with the log on failure.
+  // `subcommand` and `first_line` run another long-lived command the same way
+  // (e.g. "registry" and "registry on ").
   NodeProcess(const std::string& binary, const std::vector<std::string>& args,
-              const std::string& log_path, bool expect_metrics = false, double timeout_s = 30)
+              const std::string& log_path, bool expect_metrics = false, double timeout_s = 30,
+              const std::string& subcommand = "serve",
+              const std::string& first_line = "listening on ")
       : log_path_(log_path) {
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-    std::vector<std::string> argv_s = {binary, "serve"};
+    std::vector<std::string> argv_s = {binary, subcommand};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -45,8 +49,8 @@ class NodeProcess {
     close(out[1]);
     out_fd_ = out[0];
     const std::string first = ReadLine(timeout_s);
-    if (first.rfind("listening on ", 0) != 0) Fail("no 'listening on' line (got '" + first + "')");
-    address_ = first.substr(13);
+    if (first.rfind(first_line, 0) != 0) Fail("no '" + first_line + "' line (got '" + first + "')");
+    address_ = first.substr(first_line.size());
     if (expect_metrics) {
       const std::string second = ReadLine(timeout_s);
       if (second.rfind("metrics on ", 0) != 0) Fail("no 'metrics on' line");

@@ -1,0 +1,66 @@
+// meshnet status --registry ...: the nodes a registry knows, their ranges,
+// load and free KV, and the routes that can serve each model.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "cli/command.h"
+#include "registry/status.h"
+#include "rpc/registry_client.h"
+#include "util/error.h"
+
+namespace meshnet::cli {
+namespace {
+
+struct StatusFlags {
+  std::string registry;
+  std::string output = "text";
+  std::string model_id;
+  std::string auth_token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  double timeout_s = 5.0;
+};
+
+int RunStatus(const StatusFlags& f) {
+  if (f.output != "text" && f.output != "json") {
+    ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
+  }
+  rpc::ClientOptions co;
+  co.auth_token = f.auth_token;
+  co.tls_ca = f.tls_ca;
+  co.tls_cert = f.tls_cert;
+  co.tls_key = f.tls_key;
+  co.info_timeout_s = f.timeout_s;
+  const auto reg = rpc::OpenRegistry(f.registry, co);
+  const nlohmann::json status = registry::StatusJson(reg->List(f.model_id), reg->name());
+  if (f.output == "json") {
+    std::cout << status.dump() << "\n";
+  } else {
+    std::cout << registry::StatusText(status);
+  }
+  return 0;
+}
+
+const CommandRegistrar kRegistrar(
+    {"status", "Nodes, ranges, load, free KV and routes known to a registry",
+     [](CLI::App* sub, int* exit_code) {
+       auto f = std::make_shared<StatusFlags>();
+       sub->add_option("--registry", f->registry,
+                       "HOST:PORT (meshnet registry) or etcd://HOST:PORT/prefix")
+           ->required();
+       sub->add_option("--output", f->output, "text or json")->capture_default_str();
+       sub->add_option("--model-id", f->model_id, "Only this model identity");
+       sub->add_option("--auth-token", f->auth_token, "Cluster token");
+       sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify the registry");
+       sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
+       sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+       sub->add_option("--timeout", f->timeout_s, "Deadline of the registry call in seconds")
+           ->capture_default_str();
+       sub->callback([f, exit_code] { *exit_code = RunStatus(*f); });
+     }});
+
+}  // namespace
+}  // namespace meshnet::cli

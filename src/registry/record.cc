@@ -1,0 +1,89 @@
+#include "registry/record.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "util/error.h"
+
+namespace meshnet::registry {
+
+bool NodeRecord::SameIdentity(const NodeRecord& o) const {
+  return std::tie(address, model_id, architecture, start_layer, end_layer, total_layers,
+                  recipe_fingerprint, instance_id) ==
+         std::tie(o.address, o.model_id, o.architecture, o.start_layer, o.end_layer, o.total_layers,
+                  o.recipe_fingerprint, o.instance_id);
+}
+
+void NodeRecord::Validate() const {
+  if (address.empty() || address.size() > 512) {
+    ThrowInvalidArgument("node record: address must be 1..512 bytes");
+  }
+  if (model_id.empty() || model_id.size() > 128) {
+    ThrowInvalidArgument("node record " + address + ": model id must be 1..128 bytes");
+  }
+  if (model_id.find('/') != std::string::npos || address.find('/') != std::string::npos) {
+    ThrowInvalidArgument("node record " + address + ": '/' in the address or model id");
+  }
+  if (total_layers <= 0 || start_layer < 0 || start_layer > end_layer ||
+      end_layer >= total_layers) {
+    ThrowInvalidArgument("node record " + address + ": layers " + std::to_string(start_layer) +
+                         "-" + std::to_string(end_layer) + " do not fit a model of " +
+                         std::to_string(total_layers) + " layers");
+  }
+  if (kv_budget_bytes < 0 || kv_bytes_free < 0 || sessions_free < 0 || live_sessions < 0 ||
+      in_flight_steps < 0) {
+    ThrowInvalidArgument("node record " + address + ": negative count");
+  }
+}
+
+nlohmann::json ToJson(const NodeRecord& r) {
+  return {{"address", r.address},
+          {"model_id", r.model_id},
+          {"architecture", r.architecture},
+          {"start_layer", r.start_layer},
+          {"end_layer", r.end_layer},
+          {"total_layers", r.total_layers},
+          {"recipe_fingerprint", r.recipe_fingerprint},
+          {"kv_budget_bytes", r.kv_budget_bytes},
+          {"kv_bytes_free", r.kv_bytes_free},
+          {"sessions_free", r.sessions_free},
+          {"live_sessions", r.live_sessions},
+          {"in_flight_steps", r.in_flight_steps},
+          {"version", r.version},
+          {"instance_id", r.instance_id},
+          {"draining", r.draining}};
+}
+
+NodeRecord RecordFromJson(const nlohmann::json& j) {
+  NodeRecord r;
+  try {
+    r.address = j.at("address").get<std::string>();
+    r.model_id = j.at("model_id").get<std::string>();
+    r.architecture = j.value("architecture", "");
+    r.start_layer = j.at("start_layer").get<int>();
+    r.end_layer = j.at("end_layer").get<int>();
+    r.total_layers = j.at("total_layers").get<int>();
+    r.recipe_fingerprint = j.value("recipe_fingerprint", "");
+    r.kv_budget_bytes = j.value("kv_budget_bytes", int64_t{0});
+    r.kv_bytes_free = j.value("kv_bytes_free", int64_t{0});
+    r.sessions_free = j.value("sessions_free", int64_t{0});
+    r.live_sessions = j.value("live_sessions", int64_t{0});
+    r.in_flight_steps = j.value("in_flight_steps", int64_t{0});
+    r.version = j.value("version", "");
+    r.instance_id = j.value("instance_id", "");
+    r.draining = j.value("draining", false);
+  } catch (const nlohmann::json::exception& e) {
+    ThrowInvalidArgument(std::string("malformed node record: ") + e.what());
+  }
+  r.Validate();
+  return r;
+}
+
+void SortRecords(std::vector<NodeRecord>& nodes) {
+  std::sort(nodes.begin(), nodes.end(), [](const NodeRecord& a, const NodeRecord& b) {
+    return std::tie(a.model_id, a.start_layer, a.address) <
+           std::tie(b.model_id, b.start_layer, b.address);
+  });
+}
+
+}  // namespace meshnet::registry

@@ -1,0 +1,63 @@
+// The node registry: which nodes serve which layer ranges of which model,
+// each record held under a lease that its node renews by heartbeat. A node
+// that stops renewing disappears within the lease's TTL.
+//
+// Two backends run the same contract tests (registry_contract_test):
+//   * MemoryRegistry (registry/memory_registry.h): in-process, served over
+//     gRPC by `meshnet registry` / `meshnet serve --registry-listen`
+//     (rpc/registry_service.h; rpc::RemoteRegistry is its client);
+//   * EtcdRegistry (registry/etcd_registry.h): etcd v3 leases, keys under a
+//     prefix, watch.
+// Records are indexed by model identity, so List(model_id) costs the nodes of
+// that model only, whatever else is registered.
+//
+// Thread-safety: every backend is safe to call from several threads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "registry/record.h"
+
+namespace meshnet::registry {
+
+using LeaseId = int64_t;
+
+class Registry {
+ public:
+  virtual ~Registry() = default;
+  // For logs: "embedded", "127.0.0.1:7000", "etcd://127.0.0.1:2379/meshnet".
+  virtual std::string name() const = 0;
+  // Grants a lease of `ttl_s` seconds and stores `record` under it (replacing
+  // a record of the same address). Throws Error(kInvalidArgument) for a bad
+  // record, kPermissionDenied when the registry refuses it (e.g. the node's
+  // Info disagrees), kUnavailable when the registry cannot be reached.
+  virtual LeaseId Announce(const NodeRecord& record, double ttl_s) = 0;
+  // Heartbeat: renews the lease and updates the record's load fields. False
+  // when the lease is gone (expired or revoked): announce again. A record
+  // whose identity (NodeRecord::SameIdentity) differs from the leased one is
+  // refused (kPermissionDenied).
+  virtual bool Renew(LeaseId lease, const NodeRecord& record) = 0;
+  // Ends the lease and removes its record (best effort for a lease already gone).
+  virtual void Withdraw(LeaseId lease) = 0;
+  // The live records, all of them or one model's.
+  virtual Snapshot List(const std::string& model_id = "") = 0;
+  // Blocks until the revision is above `since` or `timeout_s` passed; returns
+  // the revision seen (== since on timeout). Expiries are changes too.
+  virtual int64_t WaitForChange(int64_t since, double timeout_s) = 0;
+  // Marks (or unmarks) the live record of `address` as draining, keeping its
+  // lease. The flag is sticky: a heartbeat can set it (a node that drains
+  // itself) but not clear it; only SetDraining(false) or a new announcement
+  // does. False if no live record has that address.
+  virtual bool SetDraining(const std::string& address, bool draining) = 0;
+};
+
+// For a draining node: live, not draining replicas of exactly the layer range
+// `self` serves (same model and KV recipe), with at least `min_kv_bytes_free`
+// free KV, most free first. `self` itself is left out.
+std::vector<NodeRecord> FindReplicas(Registry& registry, const NodeRecord& self,
+                                     int64_t min_kv_bytes_free);
+
+}  // namespace meshnet::registry

@@ -1,0 +1,90 @@
+// The registry contract (registry_contract.h) on the embedded backend and on
+// a real etcd, plus what only etcd has: a restart of the cluster.
+#include "registry/registry_contract.h"
+
+#include <gtest/gtest.h>
+
+#include "registry/etcd_registry.h"
+#include "registry/etcd_test_util.h"
+#include "registry/memory_registry.h"
+
+namespace meshnet::registry::testing {
+namespace {
+
+struct MemoryBackend {
+  std::string Unavailable() { return ""; }
+  std::unique_ptr<Registry> Make() { return std::make_unique<MemoryRegistry>(); }
+  double MinTtl() { return 1.0; }
+};
+
+struct EtcdBackend {
+  EtcdServer server;
+  std::string Unavailable() {
+    return server.available() ? "" : "etcd is not installed (scripts/install-deps.sh)";
+  }
+  std::unique_ptr<Registry> Make() {
+    return std::make_unique<EtcdRegistry>(ParseEtcdUrl(server.url("/contract")));
+  }
+  double MinTtl() { return 2.0; }  // etcd's minimum lease TTL with default timings
+};
+
+using Backends = ::testing::Types<MemoryBackend, EtcdBackend>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Registry, RegistryContract, Backends);
+
+TEST(EtcdUrl, Parses) {
+  const EtcdAddress a = ParseEtcdUrl("etcd://127.0.0.1:2379/mesh/a/");
+  EXPECT_EQ(a.host, "127.0.0.1");
+  EXPECT_EQ(a.port, 2379);
+  EXPECT_EQ(a.prefix, "/mesh/a");
+  EXPECT_EQ(ParseEtcdUrl("etcd://h:1").prefix, "/meshnet");
+  for (const char* bad : {"http://h:1", "etcd://h", "etcd://h:0/x", "etcd://:5/x", "etcd://h:x"}) {
+    EXPECT_THROW(ParseEtcdUrl(bad), Error) << bad;
+  }
+}
+
+TEST(EtcdRegistry, UnreachableIsUnavailable) {
+  EtcdRegistry r(ParseEtcdUrl("etcd://127.0.0.1:" + std::to_string(FreePort()) + "/x"), 1.0);
+  try {
+    r.List();
+    ADD_FAILURE() << "listed without etcd";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();
+  }
+}
+
+TEST(EtcdRegistry, PrefixesAreSeparate) {
+  EtcdServer server;
+  MESHNET_REQUIRE_ETCD(server);
+  EtcdRegistry a(ParseEtcdUrl(server.url("/a"))), b(ParseEtcdUrl(server.url("/b")));
+  a.Announce(Rec("10.0.0.1:1", "m", 0, 4), 30);
+  EXPECT_EQ(a.List().nodes.size(), 1u);
+  EXPECT_TRUE(b.List().nodes.empty());
+}
+
+TEST(EtcdRegistry, LeasesAndRecordsSurviveARestart) {
+  EtcdServer server;
+  MESHNET_REQUIRE_ETCD(server);
+  EtcdRegistry r(ParseEtcdUrl(server.url()));
+  NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
+  const LeaseId lease = r.Announce(n, 10);
+  server.Restart();
+  // Right after a restart etcd may still elect itself: retry while unavailable (bounded).
+  const auto t0 = std::chrono::steady_clock::now();
+  bool renewed = false;
+  while (!renewed && Since(t0) < 20) {
+    try {
+      renewed = r.Renew(lease, n);
+      ASSERT_TRUE(renewed) << "the lease did not survive the restart";
+    } catch (const Error& e) {
+      ASSERT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();
+      r.WaitForChange(1 << 30, 0.1);  // bounded pause (fails fast while etcd is down)
+    }
+  }
+  ASSERT_TRUE(renewed);
+  ASSERT_EQ(r.List("m").nodes.size(), 1u);
+  server.Kill();
+  EXPECT_THROW(r.List(), Error);
+}
+
+}  // namespace
+}  // namespace meshnet::registry::testing
