@@ -58,8 +58,8 @@ struct NodeServerOptions {
   // certificates (tls_ca) unless this is set (meshnet serve --insecure).
   bool insecure = false;
   // Largest message received or sent; 0: from the shard (a full-context
-  // bundle and its logits, plus headroom). Bodies are read before the token
-  // check (gRPC's sync API), so this bounds what a tokenless call costs.
+  // bundle and its logits, plus headroom). The token is checked before a
+  // body is read (rpc/server_auth.h): this bounds what a caller with it costs.
   int64_t max_message_bytes = 0;
   int max_streams = 8;               // concurrent StepStream calls (each pins a handler thread)
   int max_calls_per_peer = 32;       // concurrent Step/StepStream/Truncate calls per client address

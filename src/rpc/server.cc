@@ -24,6 +24,7 @@
 #include "rpc/codec.h"
 #include "rpc/metrics.h"
 #include "rpc/node_service.h"
+#include "rpc/server_auth.h"
 #include "rpc/status.h"
 #include "shard/step_cancel.h"
 #include "util/error.h"
@@ -157,6 +158,8 @@ class MeshNodeService final : public pb::MeshNode::Service {
     core_->Step(req, out);
   }
 
+  // The credentials' TokenGate refused tokenless calls before their bodies
+  // were read; this second check keeps the handlers safe on their own.
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
     if (token_digest_.empty()) return grpc::Status::OK;
     const auto& md = ctx->client_metadata();
@@ -238,20 +241,12 @@ NodeServer::~NodeServer() { Shutdown(0); }
 
 void NodeServer::Start() {
   Impl& m = *impl_;
-  std::shared_ptr<grpc::ServerCredentials> creds;
-  if (!m.options.tls_cert.empty()) {
-    grpc::SslServerCredentialsOptions ssl(
-        m.options.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    if (!m.options.tls_ca.empty()) {
-      ssl.pem_root_certs = ReadPemFile(m.options.tls_ca, "TLS CA");
-    }
-    ssl.pem_key_cert_pairs.push_back({ReadPemFile(m.options.tls_key, "TLS key"),
-                                      ReadPemFile(m.options.tls_cert, "TLS certificate")});
-    creds = grpc::SslServerCredentials(ssl);
-  } else {
-    creds = grpc::InsecureServerCredentials();
-  }
+  // The token is checked on each call's metadata before its body is read
+  // (rpc/server_auth.h); the handlers check it again.
+  node::NodeCounters& counters = m.node_service.core().counters();
+  auto gate = std::make_shared<const TokenGate>(
+      m.options.auth_token, [&counters] { counters.CountError(ErrorKind::kPermissionDenied); });
+  std::shared_ptr<grpc::ServerCredentials> creds = NodeServerCredentials(m.options, gate);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
