@@ -25,6 +25,7 @@
 #include "rpc/metrics.h"
 #include "rpc/node_service.h"
 #include "rpc/server_auth.h"
+#include "rpc/server_trim.h"
 #include "rpc/status.h"
 #include "shard/step_cancel.h"
 #include "util/error.h"
@@ -153,6 +154,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   // prefill chunks once its call is (deadline passed, client gone, or the
   // server's shutdown grace over).
   void LimitedStep(grpc::ServerContext* ctx, const pb::StepRequest& req, pb::StepResponse* out) {
+    NoteMessageBytes(req.ByteSizeLong());  // a large one: trim the heap after the call
     PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
     shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
     core_->Step(req, out);
@@ -248,6 +250,7 @@ void NodeServer::Start() {
       m.options.auth_token, [&counters] { counters.CountError(ErrorKind::kPermissionDenied); });
   std::shared_ptr<grpc::ServerCredentials> creds = NodeServerCredentials(m.options, gate);
 
+  InstallHeapTrim();  // before the first grpc::Server of the process
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
