@@ -57,6 +57,7 @@ struct ServeFlags {
   int64_t admission_queue = 16;
   double active_window_s = 30.0;
   int max_calls_per_peer = 32;
+  int64_t max_new_sessions_per_minute = 3000;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -113,6 +114,7 @@ int RunServe(const ServeFlags& f) {
   options.insecure = f.insecure;
   options.max_message_bytes = f.max_message_bytes;
   options.max_calls_per_peer = f.max_calls_per_peer;
+  options.max_new_sessions_per_minute = f.max_new_sessions_per_minute;
   options.admission.max_wait_s = f.admission_wait_s;
   options.admission.max_waiting = f.admission_queue;
   options.admission.active_window_s = f.active_window_s;
@@ -212,10 +214,15 @@ const CommandRegistrar kRegistrar(
                        "(never evicted to admit a new one)")
            ->capture_default_str()
            ->check(CLI::Range(0.001, 86400.0));
-       sub->add_option("--max-calls-per-peer", f->max_calls_per_peer,
-                       "Concurrent Step/Truncate calls one client address may have")
+       sub->add_option(
+              "--max-calls-per-peer", f->max_calls_per_peer,
+              "Concurrent Step/Truncate calls one client (address, or client certificate) may have")
            ->capture_default_str()
            ->check(IntRange(1, kMaxRpcThreads));
+       sub->add_option("--max-new-sessions-per-minute", f->max_new_sessions_per_minute,
+                       "Sessions one client (address, or client certificate) may open per "
+                       "minute, 1..1000000; more get RESOURCE_EXHAUSTED with a retry hint")
+           ->capture_default_str();  // range: NodeServerOptions::Validate (exit 2)
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 

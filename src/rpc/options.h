@@ -61,8 +61,10 @@ struct NodeServerOptions {
   // bundle and its logits, plus headroom). The token is checked before a
   // body is read (rpc/server_auth.h): this bounds what a caller with it costs.
   int64_t max_message_bytes = 0;
-  int max_streams = 8;               // concurrent StepStream calls (each pins a handler thread)
-  int max_calls_per_peer = 32;       // concurrent Step/StepStream/Truncate calls per client address
+  int max_streams = 8;          // concurrent StepStream calls (each pins a handler thread)
+  int max_calls_per_peer = 32;  // concurrent Step/StepStream/Truncate calls per peer
+  // Sessions one peer may open per minute (rpc/server_limits.h); 1..10^6.
+  int64_t max_new_sessions_per_minute = 3000;
   node::AdmissionOptions admission;  // new sessions when the node is full (node/admission.h)
 
   void Validate() const;

@@ -25,6 +25,7 @@
 #include "rpc/metrics.h"
 #include "rpc/node_service.h"
 #include "rpc/server_auth.h"
+#include "rpc/server_limits.h"
 #include "rpc/server_trim.h"
 #include "rpc/status.h"
 #include "shard/step_cancel.h"
@@ -49,6 +50,17 @@ std::string HostOf(const std::string& address) {
 std::string PeerHost(const std::string& peer) {
   const size_t colon = peer.rfind(':');
   return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+// The peer a per-peer limit applies to: the identity of its client
+// certificate under mutual TLS, else its address without the port.
+std::string PeerKey(const grpc::ServerContext& ctx) {
+  const auto auth = ctx.auth_context();
+  if (auth && auth->IsPeerAuthenticated()) {
+    const auto ids = auth->GetPeerIdentity();
+    if (!ids.empty()) return "x509:" + std::string(ids.front().data(), ids.front().size());
+  }
+  return PeerHost(ctx.peer());
 }
 
 // Concurrent calls per client address, so that one client cannot hold every
@@ -95,6 +107,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
       : core_(core),
         token_digest_(o.auth_token.empty() ? "" : SecretDigest(BearerValue(o.auth_token))),
         peers_(o.max_calls_per_peer),
+        session_rate_(o.max_new_sessions_per_minute),
         max_streams_(o.max_streams) {}
 
   grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
@@ -139,7 +152,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   grpc::Status Truncate(grpc::ServerContext* ctx, const pb::TruncateRequest* req,
                         pb::TruncateResponse* out) override {
     return Run(ctx, [&] {
-      PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+      PeerLimits::Slot slot(&peers_, PeerKey(*ctx));
       core_->Truncate(*req, out);
     });
   }
@@ -155,7 +168,9 @@ class MeshNodeService final : public pb::MeshNode::Service {
   // server's shutdown grace over).
   void LimitedStep(grpc::ServerContext* ctx, const pb::StepRequest& req, pb::StepResponse* out) {
     NoteMessageBytes(req.ByteSizeLong());  // a large one: trim the heap after the call
-    PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+    const std::string peer = PeerKey(*ctx);
+    if (req.prefill()) session_rate_.Open(peer, req.session_id());
+    PeerLimits::Slot slot(&peers_, peer);
     shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
     core_->Step(req, out);
   }
@@ -197,6 +212,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   NodeService* core_;
   std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
   PeerLimits peers_;
+  SessionRateLimiter session_rate_;
   const int max_streams_;
   std::atomic<int> open_streams_{0};
 };
