@@ -1,6 +1,8 @@
 #include "api/connection_watch.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -12,15 +14,22 @@ namespace meshnet::api {
 
 namespace {
 
-// Numeric host and port of a socket address (as cpp-httplib reports them).
+// Numeric host and port of an IPv4/IPv6 socket address (as cpp-httplib
+// reports them); false for any other family (a Unix socket of the parent).
 bool HostPort(const sockaddr_storage& addr, socklen_t len, std::string* host, int* port) {
-  char h[NI_MAXHOST], p[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, h, sizeof h, p, sizeof p,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (addr.ss_family == AF_INET) {
+    *port = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    *port = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
+  } else {
+    return false;
+  }
+  char h[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, h, sizeof h, nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
     return false;
   }
   *host = h;
-  *port = std::stoi(p);
   return true;
 }
 
