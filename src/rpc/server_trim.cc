@@ -41,6 +41,12 @@ void InstallHeapTrim() {
   std::call_once(once, [] { grpc::Server::SetGlobalCallbacks(new TrimCallbacks); });
 }
 
+// Installed while the program loads, when this file is linked in (it is
+// with NodeServer): before main, so before any grpc::Server of the process
+// (another one built first, e.g. a registry's, would make the later
+// installation abort in gRPC).
+[[maybe_unused]] const bool kHeapTrimInstalled = (InstallHeapTrim(), true);
+
 void NoteMessageBytes(size_t bytes) {
   if (bytes < kTrimAfterMessageBytes || t_large_call) return;
   t_large_call = true;

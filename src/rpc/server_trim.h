@@ -21,9 +21,9 @@ namespace meshnet::rpc {
 inline constexpr size_t kTrimAfterMessageBytes = size_t{4} << 20;
 
 // Installs the global callbacks that trim. gRPC allows this once per process
-// and only before its first grpc::Server is created: NodeServer calls it
-// before building its server (no other gRPC server exists in meshnet).
-// Idempotent.
+// and only before its first grpc::Server is created: server_trim.cc does it
+// while the program loads, and NodeServer again (a no-op) before building
+// its server. Idempotent.
 void InstallHeapTrim();
 
 // Called by a sync handler for each message it received: a large one marks
