@@ -4,6 +4,7 @@
 #include <string>
 
 #include "api/api_error.h"
+#include "api/connection_watch.h"
 #include "api/handlers.h"
 #include "mesh/generator.h"
 #include "node/identity.h"
@@ -167,7 +168,10 @@ void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Resp
   head.model = engine.options().model_name;
   head.include_usage = r.include_usage;
   if (!r.stream) {
-    const GenerationOutcome o = engine.Run(gen, arrival, [](const std::string&) { return true; });
+    // Nothing is written until the end: the hang-up is seen on the socket.
+    const ConnectionWatch client(req);
+    const GenerationOutcome o = engine.Run(
+        gen, arrival, [](const std::string&) { return true; }, [&client] { return client.Gone(); });
     SetJson(res, FullResponse(head, o));
     return;
   }

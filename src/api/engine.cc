@@ -98,7 +98,8 @@ PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
 }
 
 GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point arrival,
-                              const std::function<bool(const std::string&)>& emit) {
+                              const std::function<bool(const std::string&)>& emit,
+                              const std::function<bool()>& gone) {
   GenerationOutcome out;
   out.prompt_tokens = static_cast<int>(gen.prompt_ids.size());
   TextStream stream(gen.stop);
@@ -129,6 +130,7 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
     prev = id;
   };
   events.stop_requested = [&] {
+    if (!out.client_gone && gone && gone()) out.client_gone = true;
     return out.client_gone || stream.stopped() || PastShutdownDeadline();
   };
   mesh::GenerateResult result;

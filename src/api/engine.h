@@ -71,11 +71,13 @@ class Engine {
   // Throws ApiError (400 or 404) for a request that cannot run.
   PreparedGeneration Prepare(const CompletionRequest& request) const;
   // Runs a prepared generation. `emit` gets each visible text delta (never
-  // empty, whole UTF-8 characters) and returns false when the client is gone.
-  // Throws ApiError (503 when the route fails).
+  // empty, whole UTF-8 characters) and returns false when the client is gone;
+  // `gone`, if set, is asked before every step too (a client that is sent
+  // nothing until the end). Throws ApiError (503 when the route fails).
   GenerationOutcome Run(const PreparedGeneration& gen,
                         std::chrono::steady_clock::time_point arrival,
-                        const std::function<bool(const std::string&)>& emit);
+                        const std::function<bool(const std::string&)>& emit,
+                        const std::function<bool()>& gone = {});
 
   // The one place prompts are tokenized (special-token parsing goes here).
   std::vector<int32_t> Tokenize(const std::string& text, bool add_special,

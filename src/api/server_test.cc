@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/connection_watch.h"
 #include "api/engine.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
@@ -281,6 +282,7 @@ class GatedHop final : public mesh::ShardEndpoint {
       --permits_;
       ++steps_;
     }
+    cv_.notify_all();  // AwaitSteps
     return inner_->Step(std::move(request));
   }
   void Release(const std::string& s, const std::string& secret, int64_t epoch) override {
@@ -296,6 +298,11 @@ class GatedHop final : public mesh::ShardEndpoint {
   int steps() {
     std::lock_guard lock(mu_);
     return steps_;
+  }
+  // Waits until `n` steps have passed the gate.
+  void AwaitSteps(int n) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return steps_ >= n; });
   }
 
  private:
@@ -321,6 +328,12 @@ class RawClient {
   }
   ~RawClient() { Close(); }
   bool ok() const { return ok_; }
+  int local_port() const {
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    return ntohs(addr.sin_port);
+  }
   void Send(const std::string& s) { ASSERT_EQ(write(fd_, s.data(), s.size()), (ssize_t)s.size()); }
   // Reads until `n` SSE events (blank-line ends) have arrived in the body.
   int ReadEvents(int n) {
@@ -388,6 +401,66 @@ TEST(ApiServer, ClientDisconnectCancelsWithinATokenAndReleasesEveryHop) {
   engine.BeginShutdown(Clock::now());
   server.Stop();
   serving.join();
+}
+
+// Sends a non-streamed request for 400 tokens on a gated copy of `ts`'s
+// route, hangs up after 3 steps, then opens the gate: returns the steps run.
+int StepsAfterHangUp(TestServer& ts, const std::string& path, const std::string& body) {
+  mesh::Route route = ts.mesh->route();
+  auto gate = std::make_shared<GatedHop>(route.hops[0]);
+  route.hops[0] = gate;
+  EngineOptions eo{"stories260K", 512, 2, 2};
+  auto file = gguf::GgufFile::Open(std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf");
+  Engine engine(
+      model::Tokenizer::FromGguf(file), ChatFormatter(),
+      [route] { return std::make_unique<mesh::FixedRouteProvider>(route); }, eo);
+  ApiServer server(&engine, ServerOptions{});
+  const int port = server.Bind("127.0.0.1", 0);
+  std::thread serving([&] { server.Serve(); });
+  RawClient client(port);
+  EXPECT_TRUE(client.ok());
+  client.Send("POST " + path +
+              " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body);
+  gate->Allow(3);  // prefill + 2 decodes
+  gate->AwaitSteps(3);
+  // The server's end of this connection, to see when the hang-up reaches it.
+  httplib::Request server_end;
+  server_end.local_port = port;
+  server_end.remote_port = client.local_port();
+  server_end.remote_addr = "127.0.0.1";
+  const ConnectionWatch watch(server_end);
+  EXPECT_TRUE(watch.found());
+  client.Close();
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+  while (!watch.Gone() && Clock::now() < deadline) {
+    std::this_thread::yield();  // the kernel delivers the FIN asynchronously
+  }
+  EXPECT_TRUE(watch.Gone());
+  gate->Allow(1000);  // from now on the route would run to max_tokens
+  while (engine.admission().in_flight() > 0 && Clock::now() < deadline) {
+    std::this_thread::yield();  // polling the engine's own count: the handler sends nothing
+  }
+  EXPECT_EQ(engine.admission().in_flight(), 0) << path;
+  engine.BeginShutdown(Clock::now());
+  server.Stop();
+  serving.join();
+  return gate->steps();
+}
+
+// A non-streamed completion whose client hangs up stops within a token and
+// releases its KV on every hop (was: it ran to max_tokens, 400 steps).
+TEST(ApiServer, ClientDisconnectCancelsANonStreamedCompletion) {
+  TestServer ts(true, 512);
+  EXPECT_LE(StepsAfterHangUp(ts, "/v1/completions",
+                             R"({"prompt":"Once upon a time","temperature":0,"max_tokens":400})"),
+            3 + 1);
+  EXPECT_EQ(ts.LiveSessions(), 0) << "KV released on every hop";
+  EXPECT_LE(StepsAfterHangUp(ts, "/v1/chat/completions",
+                             R"({"messages":[{"role":"user","content":"Hi"}],"temperature":0,)"
+                             R"("max_tokens":400})"),
+            3 + 1);
+  EXPECT_EQ(ts.LiveSessions(), 0) << "KV released on every hop";
 }
 
 TEST(ApiServer, StopSequenceIsNotEmittedAndFinishesWithStop) {

@@ -65,6 +65,7 @@ struct ServeFlags {
   BatchFlags batch;
   std::string drain_to;  // host:port,... of replicas to hand sessions to on a stop signal
   ServeRegistryFlags registry;
+  int64_t max_new_sessions_per_minute = 3000;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -122,6 +123,7 @@ int RunServe(const ServeFlags& f) {
   options.insecure = f.insecure;
   options.max_message_bytes = f.max_message_bytes;
   options.max_calls_per_peer = f.max_calls_per_peer;
+  options.max_new_sessions_per_minute = f.max_new_sessions_per_minute;
   options.admission.max_wait_s = f.admission_wait_s;
   options.admission.max_waiting = f.admission_queue;
   options.admission.active_window_s = f.active_window_s;
@@ -233,8 +235,9 @@ const CommandRegistrar kRegistrar(
                        "(never evicted to admit a new one)")
            ->capture_default_str()
            ->check(CLI::Range(0.001, 86400.0));
-       sub->add_option("--max-calls-per-peer", f->max_calls_per_peer,
-                       "Concurrent Step/Truncate calls one client address may have")
+       sub->add_option(
+              "--max-calls-per-peer", f->max_calls_per_peer,
+              "Concurrent Step/Truncate calls one client (address, or client certificate) may have")
            ->capture_default_str()
            ->check(IntRange(1, kMaxRpcThreads));
        AddBatchFlags(sub, &f->batch, "this node");
@@ -243,6 +246,10 @@ const CommandRegistrar kRegistrar(
                        "replicas of the same layer range (host:port,...) within --grace, "
                        "instead of letting them re-prefill elsewhere");
        AddServeRegistryFlags(sub, &f->registry);
+       sub->add_option("--max-new-sessions-per-minute", f->max_new_sessions_per_minute,
+                       "Sessions one client (address, or client certificate) may open per "
+                       "minute, 1..1000000; more get RESOURCE_EXHAUSTED with a retry hint")
+           ->capture_default_str();  // range: NodeServerOptions::Validate (exit 2)
        sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
      }});
 

@@ -5,6 +5,7 @@
 
 #include "kv/cache_miss.h"
 #include "node/node_core.h"
+#include "rpc/server_trim.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -167,6 +168,20 @@ void AddLatency(std::vector<MetricFamily>& out, const node::NodeCounters& c) {
   out.push_back(std::move(lat));
 }
 
+void AddHeapTrimCounters(std::vector<MetricFamily>& out) {
+  const HeapTrimStats t = GetHeapTrimStats();
+  MetricFamily large =
+      Family("meshnet_large_calls_total",
+             "Calls that received a message of 4 MiB or more, once ended", MetricType::Counter);
+  large.metric.push_back(Counter(static_cast<double>(t.large_calls)));
+  out.push_back(std::move(large));
+  MetricFamily trims =
+      Family("meshnet_heap_trims_total", "Free heap pages returned to the OS after large calls",
+             MetricType::Counter);
+  trims.metric.push_back(Counter(static_cast<double>(t.trims)));
+  out.push_back(std::move(trims));
+}
+
 }  // namespace
 
 std::vector<MetricFamily> NodeMetrics::Collect() const {
@@ -178,6 +193,7 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   AddStepCounters(out, c, s.pinned_waits);
   AddLatency(out, c);
   AddMigrationCounters(out, c, core_->draining());
+  AddHeapTrimCounters(out);
   return out;
 }
 

@@ -80,6 +80,9 @@ void NodeServerOptions::Validate() const {
   }
   if (max_streams < 0) ThrowInvalidArgument("max streams must be >= 0");
   if (max_calls_per_peer < 1) ThrowInvalidArgument("max calls per peer must be >= 1");
+  if (max_new_sessions_per_minute < 1 || max_new_sessions_per_minute > 1000000) {
+    ThrowInvalidArgument("--max-new-sessions-per-minute must be in 1..1000000");
+  }
   if (admission.max_active < 0) ThrowInvalidArgument("admission max active must be >= 0");
   if (max_bindings < 1) ThrowInvalidArgument("max bindings must be >= 1");
   if (replay_cache_bytes < 0) ThrowInvalidArgument("replay cache bytes must be >= 0");

@@ -58,11 +58,13 @@ struct NodeServerOptions {
   // certificates (tls_ca) unless this is set (meshnet serve --insecure).
   bool insecure = false;
   // Largest message received or sent; 0: from the shard (a full-context
-  // bundle and its logits, plus headroom). Bodies are read before the token
-  // check (gRPC's sync API), so this bounds what a tokenless call costs.
+  // bundle and its logits, plus headroom). The token is checked before a
+  // body is read (rpc/server_auth.h): this bounds what a caller with it costs.
   int64_t max_message_bytes = 0;
-  int max_streams = 8;               // concurrent StepStream calls (each pins a handler thread)
-  int max_calls_per_peer = 32;       // concurrent Step/StepStream/Truncate calls per client address
+  int max_streams = 8;          // concurrent StepStream calls (each pins a handler thread)
+  int max_calls_per_peer = 32;  // concurrent Step/StepStream/Truncate calls per peer
+  // Sessions one peer may open per minute (rpc/server_limits.h); 1..10^6.
+  int64_t max_new_sessions_per_minute = 3000;
   node::AdmissionOptions admission;  // new sessions when the node is full (node/admission.h)
   // How this node reaches replicas when it drains (rpc/drain.h); an empty
   // auth_token there means this node's own cluster token.

@@ -24,6 +24,9 @@
 #include "rpc/codec.h"
 #include "rpc/metrics.h"
 #include "rpc/node_service.h"
+#include "rpc/server_auth.h"
+#include "rpc/server_limits.h"
+#include "rpc/server_trim.h"
 #include "rpc/status.h"
 #include "shard/step_cancel.h"
 #include "util/error.h"
@@ -47,6 +50,17 @@ std::string HostOf(const std::string& address) {
 std::string PeerHost(const std::string& peer) {
   const size_t colon = peer.rfind(':');
   return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+// The peer a per-peer limit applies to: the identity of its client
+// certificate under mutual TLS, else its address without the port.
+std::string PeerKey(const grpc::ServerContext& ctx) {
+  const auto auth = ctx.auth_context();
+  if (auth && auth->IsPeerAuthenticated()) {
+    const auto ids = auth->GetPeerIdentity();
+    if (!ids.empty()) return "x509:" + std::string(ids.front().data(), ids.front().size());
+  }
+  return PeerHost(ctx.peer());
 }
 
 // Concurrent calls per client address, so that one client cannot hold every
@@ -93,6 +107,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
       : core_(core),
         token_digest_(o.auth_token.empty() ? "" : SecretDigest(BearerValue(o.auth_token))),
         peers_(o.max_calls_per_peer),
+        session_rate_(o.max_new_sessions_per_minute),
         max_streams_(o.max_streams) {}
 
   grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
@@ -137,7 +152,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   grpc::Status Truncate(grpc::ServerContext* ctx, const pb::TruncateRequest* req,
                         pb::TruncateResponse* out) override {
     return Run(ctx, [&] {
-      PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+      PeerLimits::Slot slot(&peers_, PeerKey(*ctx));
       core_->Truncate(*req, out);
     });
   }
@@ -174,7 +189,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
   // prefill chunks once its call is (deadline passed, client gone, or the
   // server's shutdown grace over).
   void LimitedStep(grpc::ServerContext* ctx, const pb::StepRequest& req, pb::StepResponse* out) {
-    PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+    NoteMessageBytes(req.ByteSizeLong());  // a large one: trim the heap after the call
+    const std::string peer = PeerKey(*ctx);
+    if (req.prefill()) session_rate_.Open(peer, req.session_id());
+    PeerLimits::Slot slot(&peers_, peer);
     shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
     in_flight_.fetch_add(1, std::memory_order_relaxed);
     struct Done {
@@ -188,6 +206,8 @@ class MeshNodeService final : public pb::MeshNode::Service {
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
  private:
+  // The credentials' TokenGate refused tokenless calls before their bodies
+  // were read; this second check keeps the handlers safe on their own.
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
     if (token_digest_.empty()) return grpc::Status::OK;
     const auto& md = ctx->client_metadata();
@@ -223,6 +243,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   NodeService* core_;
   std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
   PeerLimits peers_;
+  SessionRateLimiter session_rate_;
   const int max_streams_;
   std::atomic<int> open_streams_{0};
   std::atomic<int64_t> in_flight_{0};  // steps running (the registry's load signal)
@@ -281,21 +302,14 @@ NodeServer::~NodeServer() { Shutdown(0); }
 
 void NodeServer::Start() {
   Impl& m = *impl_;
-  std::shared_ptr<grpc::ServerCredentials> creds;
-  if (!m.options.tls_cert.empty()) {
-    grpc::SslServerCredentialsOptions ssl(
-        m.options.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    if (!m.options.tls_ca.empty()) {
-      ssl.pem_root_certs = ReadPemFile(m.options.tls_ca, "TLS CA");
-    }
-    ssl.pem_key_cert_pairs.push_back({ReadPemFile(m.options.tls_key, "TLS key"),
-                                      ReadPemFile(m.options.tls_cert, "TLS certificate")});
-    creds = grpc::SslServerCredentials(ssl);
-  } else {
-    creds = grpc::InsecureServerCredentials();
-  }
+  // The token is checked on each call's metadata before its body is read
+  // (rpc/server_auth.h); the handlers check it again.
+  node::NodeCounters& counters = m.node_service.core().counters();
+  auto gate = std::make_shared<const TokenGate>(
+      m.options.auth_token, [&counters] { counters.CountError(ErrorKind::kPermissionDenied); });
+  std::shared_ptr<grpc::ServerCredentials> creds = NodeServerCredentials(m.options, gate);
 
+  InstallHeapTrim();  // before the first grpc::Server of the process
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;

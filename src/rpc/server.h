@@ -8,7 +8,8 @@
 //   server.Shutdown(10.0);          // stop accepting, finish in-flight steps
 //
 // Every MeshNode call checks the cluster token (when one is configured) in
-// constant time; the health service is open.
+// constant time, on its metadata before its message is read
+// (rpc/server_auth.h); the health service is open.
 //
 // Thread-safety: Start/Shutdown from one thread; the accessors from any.
 #pragma once
