@@ -18,8 +18,8 @@
 #include <memory>
 #include <string>
 
-#include "rpc/drain.h"
 #include "node/step.h"
+#include "rpc/drain.h"
 #include "rpc/options.h"
 
 namespace meshnet::node {
