@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "cli/in_process_route.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
@@ -101,8 +102,7 @@ void Validate(const ApiFlags& f) {
 
 // The route: an in-process mesh (owned here) or a shared remote provider.
 struct RouteSetup {
-  std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<mesh::InProcessMesh> local;
+  InProcessRoute local;
   std::shared_ptr<mesh::RouteProvider> remote;
   api::ProviderFactory factory;
 };
@@ -120,22 +120,10 @@ class SharedProvider final : public mesh::RouteProvider {
 
 void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, RouteSetup& r) {
   if (f.nodes.empty() && f.registry.empty()) {
-    const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
-    mesh::InProcessMeshOptions mo;
-    mo.split =
-        f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
-    mo.ggml_parity = f.ggml_parity;
-    mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
     // Every admitted generation holds a session on every shard.
-    mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.max_concurrent);
-    mo.kv_config.Validate();
-    mo.batch = BatchOptionsFrom(f.batch);
-    const int threads =
-        f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
-    r.pool = std::make_unique<ThreadPool>(threads);
-    r.local = std::make_unique<mesh::InProcessMesh>(file, mo, r.pool.get());
-    mesh::InProcessMesh* local = r.local.get();
+    r.local = MakeInProcessRoute(file, {f.shards, f.split, f.kv_budget, f.kv_dtype, f.ggml_parity,
+                                        f.threads, f.max_concurrent, f.batch});
+    mesh::InProcessMesh* local = r.local.mesh.get();
     r.factory = [local] { return std::make_unique<mesh::FixedRouteProvider>(local->route()); };
     return;
   }

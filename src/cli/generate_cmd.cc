@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "cli/generate_load.h"
+#include "cli/in_process_route.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
@@ -98,6 +99,12 @@ void InstallCancelHandlers() {
 
 int CancelSignal() { return g_cancel_signal; }
 
+// Writes `text` to stdout at once (streamed output).
+void PrintNow(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
 // --sessions N: a count in range, and no flag of the single-session mode.
 void CheckLoadFlags(const GenerateFlags& f) {
   if (!f.load) return;
@@ -106,7 +113,7 @@ void CheckLoadFlags(const GenerateFlags& f) {
     ThrowInvalidArgument("--dump-logits is not available with --sessions");
 }
 
-int RunGenerate(const GenerateFlags& f) {
+void CheckGenerateFlags(const GenerateFlags& f) {
   if (f.output != "text" && f.output != "json") {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
@@ -118,13 +125,14 @@ int RunGenerate(const GenerateFlags& f) {
         "(meshnet serve --kv-budget, --layers, --kv-dtype, --ggml-parity, --threads, "
         "--max-batch-*)");
   }
-  const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
-  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
-  const model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
+}
 
+// Length limit, sampling, stop tokens and Ctrl-C handling of a generation.
+mesh::GenerateOptions MakeGenerateOptions(const GenerateFlags& f, const gguf::GgufFile& file,
+                                          const model::Tokenizer& tokenizer) {
   mesh::GenerateOptions options;
   options.max_tokens = f.max_tokens;
-  const int64_t model_ctx = model::LlamaHParams::FromGguf(*file).context_length;
+  const int64_t model_ctx = model::LlamaHParams::FromGguf(file).context_length;
   if (f.ctx > model_ctx) {
     ThrowInvalidArgument("--ctx " + std::to_string(f.ctx) +
                          " is beyond the model's context length " + std::to_string(model_ctx));
@@ -141,49 +149,45 @@ int RunGenerate(const GenerateFlags& f) {
   options.sampling.Validate();
   if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
   options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
-  const std::vector<int32_t> prompt_ids = tokenizer.Tokenize(f.prompt, !f.no_bos, f.special);
-  if (prompt_ids.empty()) ThrowInvalidArgument("the prompt encodes to no tokens; give --prompt");
+  return options;
+}
 
-  std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<mesh::InProcessMesh> local;
+// The route: in-process shards, or nodes from --nodes / --registry.
+struct GenerateRoute {
+  InProcessRoute local;
   std::unique_ptr<mesh::RouteProvider> provider;
-  if (f.nodes.empty() && f.registry.empty()) {
-    const int n_layers = model::LlamaHParams::FromGguf(*file).n_layers;
-    mesh::InProcessMeshOptions mo;
-    mo.split =
-        f.split.empty() ? node::EvenSplit(f.shards, n_layers) : node::ParseSplit(f.split, n_layers);
-    mo.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
-    mo.ggml_parity = f.ggml_parity;
-    mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
-    mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.sessions);
-    mo.kv_config.Validate();
-    mo.batch = BatchOptionsFrom(f.batch);
-    const int threads =
-        f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
-    pool = std::make_unique<ThreadPool>(threads);
-    local = std::make_unique<mesh::InProcessMesh>(file, mo, pool.get());
-    provider = std::make_unique<mesh::FixedRouteProvider>(local->route());
-  } else {
-#ifdef MESHNET_WITH_RPC
-    rpc::ClientOptions co;
-    co.auth_token = f.auth_token;
-    co.tls_ca = f.tls_ca;
-    co.tls_cert = f.tls_cert;
-    co.tls_key = f.tls_key;
-    co.timeout_s = f.timeout_s;
-    co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
-    co.Validate();
-    provider = MakeNodeRouteProvider(f.nodes, f.registry, co);
-#else
-    ThrowInvalidArgument("--nodes and --registry need a build with gRPC (MESHNET_RPC=ON)");
-#endif
-  }
+};
 
-  const bool json = f.output == "json";
-  if (f.load) {
-    return RunGenerateSessions(*provider, tokenizer, prompt_ids, options, f.sessions, json,
-                               &CancelSignal);
+GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
+                                const std::shared_ptr<const gguf::GgufFile>& file) {
+  GenerateRoute r;
+  if (f.nodes.empty() && f.registry.empty()) {
+    r.local = MakeInProcessRoute(file, {f.shards, f.split, f.kv_budget, f.kv_dtype, f.ggml_parity,
+                                        f.threads, f.sessions, f.batch});
+    r.provider = std::make_unique<mesh::FixedRouteProvider>(r.local.mesh->route());
+    return r;
   }
+#ifdef MESHNET_WITH_RPC
+  rpc::ClientOptions co;
+  co.auth_token = f.auth_token;
+  co.tls_ca = f.tls_ca;
+  co.tls_cert = f.tls_cert;
+  co.tls_key = f.tls_key;
+  co.timeout_s = f.timeout_s;
+  co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
+  co.Validate();
+  r.provider = MakeNodeRouteProvider(f.nodes, f.registry, co);
+#else
+  ThrowInvalidArgument("--nodes and --registry need a build with gRPC (MESHNET_RPC=ON)");
+#endif
+  return r;
+}
+
+// One generation, streamed to stdout (or printed as JSON at the end).
+int RunOneGeneration(const GenerateFlags& f, mesh::RouteProvider& provider,
+                     const model::Tokenizer& tokenizer, const std::vector<int32_t>& prompt_ids,
+                     const mesh::GenerateOptions& options) {
+  const bool json = f.output == "json";
   std::string text;
   int32_t prev = prompt_ids.back();
   mesh::GenerateEvents events;
@@ -193,24 +197,16 @@ int RunGenerate(const GenerateFlags& f) {
     const std::string piece = tokenizer.DecodePiece(prev, id);
     prev = id;
     text += piece;
-    if (!json) {
-      const std::string whole = assembler.Push(piece);
-      std::fwrite(whole.data(), 1, whole.size(), stdout);
-      std::fflush(stdout);
-    }
+    if (!json) PrintNow(assembler.Push(piece));
   };
   const LogitsFile logits_out = DumpLogitsTo(f.dump_logits, events);
   events.on_recovery = [](const std::string& what) {
     std::fprintf(stderr, "meshnet: %s\n", what.c_str());
   };
-  if (!json) {
-    const std::string shown = tokenizer.Decode(prompt_ids);
-    std::fwrite(shown.data(), 1, shown.size(), stdout);
-    std::fflush(stdout);
-  }
+  if (!json) PrintNow(tokenizer.Decode(prompt_ids));
   mesh::GenerateResult result;
   try {
-    result = mesh::Generate(*provider, prompt_ids, options, events);
+    result = mesh::Generate(provider, prompt_ids, options, events);
   } catch (const Error& e) {
     if (g_cancel_signal == 0) throw;
     std::fprintf(stderr, "\nmeshnet: interrupted; the session was released\n");
@@ -227,11 +223,25 @@ int RunGenerate(const GenerateFlags& f) {
     out["text"] = text;
     std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   } else {
-    const std::string rest = assembler.Flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-    std::fputc('\n', stdout);
+    PrintNow(assembler.Flush() + "\n");
   }
   return 0;
+}
+
+int RunGenerate(const GenerateFlags& f) {
+  CheckGenerateFlags(f);
+  const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
+  const model::Tokenizer tokenizer = model::Tokenizer::FromGguf(*file);
+  const mesh::GenerateOptions options = MakeGenerateOptions(f, *file, tokenizer);
+  const std::vector<int32_t> prompt_ids = tokenizer.Tokenize(f.prompt, !f.no_bos, f.special);
+  if (prompt_ids.empty()) ThrowInvalidArgument("the prompt encodes to no tokens; give --prompt");
+  GenerateRoute route = MakeGenerateRoute(f, file);
+  if (f.load) {
+    return RunGenerateSessions(*route.provider, tokenizer, prompt_ids, options, f.sessions,
+                               f.output == "json", &CancelSignal);
+  }
+  return RunOneGeneration(f, *route.provider, tokenizer, prompt_ids, options);
 }
 
 const CommandRegistrar kRegistrar(

@@ -17,6 +17,7 @@ constexpr auto kClaimWait = std::chrono::seconds(60);
 }  // namespace
 
 void NodeCore::WaitNotMigratingLocked(Binding& b) {
+  Held(b);
   const auto deadline = std::chrono::steady_clock::now() + kClaimWait;
   while (b.migrating) {
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -28,6 +29,7 @@ void NodeCore::WaitNotMigratingLocked(Binding& b) {
 }
 
 std::optional<StepReply> NodeCore::MovedOrEndedLocked(Binding& b, int64_t epoch) {
+  Held(b);
   if (!b.moved_to.empty()) {
     if (b.move_untold) {
       b.move_untold = false;
@@ -47,6 +49,7 @@ std::optional<StepReply> NodeCore::MovedOrEndedLocked(Binding& b, int64_t epoch)
 
 void NodeCore::EndClaim(const BindingPtr& b) {
   MutexLock lock(&mu_);
+  Held(*b);
   b->migrating = false;
   step_done_.SignalAll();
 }
@@ -71,11 +74,14 @@ SessionExportHeader NodeCore::SelfHeader() const {
 std::unique_ptr<SessionExporter> NodeCore::BeginExport(const std::string& session_id,
                                                        const std::string* secret) {
   BindingPtr b;
+  int64_t epoch = 0;
+  std::string secret_digest;
   {
     MutexLock lock(&mu_);
     auto it = bindings_.find(session_id);
     if (it == bindings_.end()) throw Error(ErrorKind::kCacheMiss, "no session bound here");
     b = it->second;
+    Held(*b);
     if (secret != nullptr && !DigestEquals(SecretDigest(*secret), b->secret_digest)) {
       throw Error(ErrorKind::kPermissionDenied,
                   "session " + session_id.substr(0, 8) + " is bound to another secret");
@@ -90,14 +96,17 @@ std::unique_ptr<SessionExporter> NodeCore::BeginExport(const std::string& sessio
       throw Error(ErrorKind::kCacheMiss, "session already moved or ended");
     }
     b->migrating = true;
+    // Read under the lock: the claim keeps steps away, not the fields' lock.
+    epoch = b->latest_epoch;
+    secret_digest = b->secret_digest;
   }
   try {
-    kv::ResolveResult r = manager().Resolve(session_id, b->latest_epoch);
+    kv::ResolveResult r = manager().Resolve(session_id, epoch);
     if (auto* miss = std::get_if<kv::CacheMiss>(&r)) throw kv::CacheMissError(*miss);
     SessionExportHeader h = SelfHeader();
     h.session_id = session_id;
-    h.secret_sha256 = b->secret_digest;
-    h.route_epoch = b->latest_epoch;
+    h.secret_sha256 = std::move(secret_digest);
+    h.route_epoch = epoch;
     const bool corrupt = exports_started_.fetch_add(1) == corrupt_export_;
     return std::make_unique<SessionExporter>(std::move(std::get<kv::SessionHandle>(r)),
                                              std::move(h), corrupt, [this, b] { EndClaim(b); });
@@ -114,6 +123,7 @@ void NodeCore::MarkMoved(const std::string& session_id, const std::string& moved
     auto it = bindings_.find(session_id);
     if (it == bindings_.end()) return;  // released meanwhile
     Binding& b = *it->second;
+    Held(b);
     DropCachedResult(b);
     b.moved_to = moved_to;
     if (!b.move_untold) ++untold_moves_;
@@ -132,6 +142,7 @@ void NodeCore::EndSession(const std::string& session_id, const std::string& deta
     auto it = bindings_.find(session_id);
     if (it == bindings_.end()) return;
     Binding& b = *it->second;
+    Held(b);
     WaitNotMigratingLocked(b);
     DropCachedResult(b);
     b.ended = detail;
@@ -187,12 +198,14 @@ int64_t NodeCore::CommitImport(SessionImporter& imp) {
     {
       MutexLock lock(&mu_);
       b = FindChecked(h.session_id, h.secret_sha256);
-      if (b && (b->in_flight || b->migrating)) {
-        throw Error(ErrorKind::kSessionBusy, "import refused: the session is busy here");
-      }
       if (!b) {
         b = CreateBinding(h.session_id, h.secret_sha256);
         created = true;
+      }
+      Held(*b);
+      if (!created && (b->in_flight || b->migrating)) {
+        b.reset();  // not ours: the handler below must not clear its claim
+        throw Error(ErrorKind::kSessionBusy, "import refused: the session is busy here");
       }
       b->migrating = true;
     }
@@ -207,6 +220,7 @@ int64_t NodeCore::CommitImport(SessionImporter& imp) {
     counters_.imports_rejected.fetch_add(1, std::memory_order_relaxed);
     if (b) {
       MutexLock lock(&mu_);
+      Held(*b);
       b->migrating = false;
       if (created && b->linked) Unlink(*b);
       step_done_.SignalAll();
@@ -215,6 +229,7 @@ int64_t NodeCore::CommitImport(SessionImporter& imp) {
   }
   {
     MutexLock lock(&mu_);
+    Held(*b);
     b->migrating = false;
     b->moved_to.clear();
     b->ended.clear();
@@ -235,6 +250,7 @@ std::vector<std::string> NodeCore::MovableSessions() {
   std::vector<std::string> out;
   MutexLock lock(&mu_);
   for (const Binding* b : lru_) {
+    Held(*b);
     if (b->moved_to.empty() && b->ended.empty()) out.push_back(b->session_id);
   }
   return out;
