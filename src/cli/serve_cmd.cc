@@ -81,69 +81,78 @@ void CheckBlockFitsBudget(const kv::KvCacheRecipe& recipe, const kv::HotKvStateC
   }
 }
 
+// Logs: stderr, one line per event, key=value fields.
+void SetUpLogging(const std::string& log_level) {
+  auto logger = spdlog::stderr_color_mt("meshnet");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l %v");
+  const auto level = spdlog::level::from_str(log_level);
+  if (level == spdlog::level::off && log_level != "off") {
+    ThrowInvalidArgument("--log-level must be trace, debug, info, warn, error or off");
+  }
+  spdlog::set_level(level);
+}
+
+kv::HotKvStateConfig KvConfigFrom(const ServeFlags& f) {
+  kv::HotKvStateConfig c;
+  c.budget_bytes = ParseByteSize(f.kv_budget);
+  c.max_sessions = f.max_sessions;
+  c.ttl_seconds = f.ttl_s;
+  c.block_tokens = f.block_tokens;
+  c.Validate();
+  return c;
+}
+
+// The server's options, validated (token from $MESHNET_AUTH_TOKEN if no flag).
+rpc::NodeServerOptions ServerOptionsFrom(const ServeFlags& f) {
+  rpc::NodeServerOptions o;
+  o.listen = f.listen;
+  o.metrics_listen = f.metrics_listen;
+  o.auth_token = f.auth_token;
+  if (o.auth_token.empty()) {
+    if (const char* env = std::getenv("MESHNET_AUTH_TOKEN")) o.auth_token = env;
+  }
+  o.tls_cert = f.tls_cert;
+  o.tls_key = f.tls_key;
+  o.tls_ca = f.tls_ca;
+  o.max_rpc_threads = f.rpc_threads;
+  o.insecure = f.insecure;
+  o.max_message_bytes = f.max_message_bytes;
+  o.max_calls_per_peer = f.max_calls_per_peer;
+  o.max_new_sessions_per_minute = f.max_new_sessions_per_minute;
+  o.admission.max_wait_s = f.admission_wait_s;
+  o.admission.max_waiting = f.admission_queue;
+  o.admission.active_window_s = f.active_window_s;
+  o.peers = DrainPeerOptions(o);
+  o.Validate();
+  return o;
+}
+
 int RunServe(const ServeFlags& f) {
   // First, before any thread starts: SIGINT/SIGTERM end the process at any
   // time, and drain it gracefully once it serves (util/stop_signals.h).
   StopSignals stop;
-  // Logs: stderr, one line per event, key=value fields.
-  auto logger = spdlog::stderr_color_mt("meshnet");
-  spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l %v");
-  const auto level = spdlog::level::from_str(f.log_level);
-  if (level == spdlog::level::off && f.log_level != "off") {
-    ThrowInvalidArgument("--log-level must be trace, debug, info, warn, error or off");
-  }
-  spdlog::set_level(level);
-
+  SetUpLogging(f.log_level);
   if (f.layers.empty()) ThrowInvalidArgument("--layers A-B is required");
-  const node::LayerRange range = node::ParseLayerRange(f.layers);
   if (!(f.grace_s >= 0 && f.grace_s <= 3600)) {
     ThrowInvalidArgument("--grace must be in [0, 3600] seconds");
   }
-  kv::HotKvStateConfig kv_config;
-  kv_config.budget_bytes = ParseByteSize(f.kv_budget);
-  kv_config.max_sessions = f.max_sessions;
-  kv_config.ttl_seconds = f.ttl_s;
-  kv_config.block_tokens = f.block_tokens;
-  kv_config.Validate();
-  const KvDtype kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
-  const node::BatchOptions batch = BatchOptionsFrom(f.batch);
-
-  rpc::NodeServerOptions options;
-  options.listen = f.listen;
-  options.metrics_listen = f.metrics_listen;
-  options.auth_token = f.auth_token;
-  if (options.auth_token.empty()) {
-    if (const char* env = std::getenv("MESHNET_AUTH_TOKEN")) options.auth_token = env;
-  }
-  options.tls_cert = f.tls_cert;
-  options.tls_key = f.tls_key;
-  options.tls_ca = f.tls_ca;
-  options.max_rpc_threads = f.rpc_threads;
-  options.insecure = f.insecure;
-  options.max_message_bytes = f.max_message_bytes;
-  options.max_calls_per_peer = f.max_calls_per_peer;
-  options.max_new_sessions_per_minute = f.max_new_sessions_per_minute;
-  options.admission.max_wait_s = f.admission_wait_s;
-  options.admission.max_waiting = f.admission_queue;
-  options.admission.active_window_s = f.active_window_s;
-  options.peers = DrainPeerOptions(options);
-  options.Validate();
+  const node::LayerRange range = node::ParseLayerRange(f.layers);
+  node::NodeOptions node_options;
+  node_options.layers = range;
+  node_options.kv_config = KvConfigFrom(f);
+  node_options.kv_dtype = ParseKvDtypeFlag(f.kv_dtype);
+  node_options.ggml_parity = f.ggml_parity;
+  node_options.batch = BatchOptionsFrom(f.batch);
+  const rpc::NodeServerOptions options = ServerOptionsFrom(f);
   const std::vector<std::string> drain_to =
       f.drain_to.empty() ? std::vector<std::string>{} : rpc::ParseNodeList(f.drain_to);
 
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(model_path));
-  const model::LlamaHParams hp = model::LlamaHParams::FromGguf(*file);
   ThreadPool pool(f.threads);
-  node::NodeOptions node_options;
-  node_options.layers = range;
-  node_options.kv_dtype = kv_dtype;
-  node_options.ggml_parity = f.ggml_parity;
-  node_options.kv_config = kv_config;
-  node_options.batch = batch;
   node::Node node(file, node_options, &pool);
-  CheckBlockFitsBudget(node.manager().recipe(), kv_config);
+  CheckBlockFitsBudget(node.manager().recipe(), node_options.kv_config);
   rpc::NodeServer server(&node, options);
   server.Start();
   std::printf("listening on %s\n", server.bound_address().c_str());
@@ -153,11 +162,13 @@ int RunServe(const ServeFlags& f) {
   auto announced = StartServeRegistry(f.registry, server, options.auth_token, f.tls_ca, f.tls_cert,
                                       f.tls_key, f.insecure);
   std::fflush(stdout);
+  const kv::HotKvStateConfig& kc = node_options.kv_config;
   spdlog::info(
       "event=ready model={} layers={}-{} of={} kv_budget={} kv_dtype={} block_tokens={} "
       "max_sessions={} threads={}",
-      model_path, range.first, range.second, hp.n_layers, FormatByteSize(kv_config.budget_bytes),
-      KvDtypeName(kv_dtype), kv_config.block_tokens, kv_config.max_sessions, pool.num_threads());
+      model_path, range.first, range.second, model::LlamaHParams::FromGguf(*file).n_layers,
+      FormatByteSize(kc.budget_bytes), KvDtypeName(node_options.kv_dtype), kc.block_tokens,
+      kc.max_sessions, pool.num_threads());
 
   stop.Arm();
   const int sig = stop.Wait();
