@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The main job on one machine: install dependencies, build, start a local mesh
-# of three `meshnet serve` nodes on 127.0.0.1 (layers 0-1, 2-3 and 4-4 of the
-# shipped stories260K model), generate through it with `meshnet generate
-# --nodes`, then start the OpenAI-compatible API (`meshnet api --nodes`) in
-# front of the same nodes and stream a chat answer with curl. The nodes and
-# the API are stopped on exit; with MESHNET_DEMO_SERVE=1 the API stays up (chat
-# page at its address) until Ctrl-C.
+# The main job on one machine: install dependencies, build, start a node
+# registry (`meshnet registry`) and a local mesh of three `meshnet serve` nodes
+# on 127.0.0.1 that announce themselves to it (layers 0-1, 2-3 and 4-4 of the
+# shipped stories260K model), show `meshnet status`, generate through the mesh
+# with `meshnet generate --registry` (the client knows only the registry), then
+# start the OpenAI-compatible API (`meshnet api --registry`) in front of the
+# same nodes and stream a chat answer with curl. Everything is stopped on exit;
+# with MESHNET_DEMO_SERVE=1 the API stays up (chat page at its address) until
+# Ctrl-C.
 #
 #   scripts/demo.sh ["prompt"] [extra generate flags...]
 set -euo pipefail
@@ -28,36 +30,46 @@ cleanup() {
 }
 trap cleanup EXIT
 
-addrs=()
+# wait_line FILE PREFIX PID: the rest of FILE's first line starting with PREFIX.
+wait_line() {
+  for _ in $(seq 1 200); do
+    if grep -q "^$2" "$1" 2>/dev/null; then break; fi
+    if ! kill -0 "$3" 2>/dev/null; then cat "${1%.out}.err" >&2; exit 1; fi
+    sleep 0.05
+  done
+  sed -n "s/^$2//p" "$1" | head -n1
+}
+
+"$bin" registry --listen 127.0.0.1:0 >"$tmp/registry.out" 2>"$tmp/registry.err" &
+pids+=($!)
+registry=$(wait_line "$tmp/registry.out" "registry on " "${pids[-1]}")
+[[ -n "$registry" ]] || { echo "meshnet registry did not start" >&2; exit 1; }
+echo "registry on $registry" >&2
+
 for range in 0-1 2-3 4-4; do
   out="$tmp/node-$range.out"
   "$bin" serve --model "$model" --layers "$range" --listen 127.0.0.1:0 --kv-budget 64MiB \
-    --threads 1 --log-level warn >"$out" 2>"$tmp/node-$range.err" &
+    --threads 1 --log-level warn --registry "$registry" >"$out" 2>"$tmp/node-$range.err" &
   pids+=($!)
-  for _ in $(seq 1 200); do
-    if grep -q '^listening on ' "$out" 2>/dev/null; then break; fi
-    if ! kill -0 "${pids[-1]}" 2>/dev/null; then cat "$tmp/node-$range.err" >&2; exit 1; fi
-    sleep 0.05
-  done
-  addr=$(sed -n 's/^listening on //p' "$out" | head -n1)
+  addr=$(wait_line "$out" "listening on " "${pids[-1]}")
   [[ -n "$addr" ]] || { echo "node $range did not start" >&2; exit 1; }
   echo "node layers $range on $addr" >&2
-  addrs+=("$addr")
 done
-
-nodes=$(IFS=,; echo "${addrs[*]}")
-"$bin" generate --nodes "$nodes" --prompt "$prompt" --max-tokens 64 "$@"
-
-# The API in front of the same nodes.
-"$bin" api --nodes "$nodes" --listen "${MESHNET_API_LISTEN:-127.0.0.1:0}" \
-  >"$tmp/api.out" 2>"$tmp/api.err" &
-pids+=($!)
+# Announcements are asynchronous: wait until the registry lists all three.
 for _ in $(seq 1 200); do
-  if grep -q '^listening on ' "$tmp/api.out" 2>/dev/null; then break; fi
-  if ! kill -0 "${pids[-1]}" 2>/dev/null; then cat "$tmp/api.err" >&2; exit 1; fi
+  n=$("$bin" status --registry "$registry" --output json | grep -o '"address"' | wc -l)
+  [[ "$n" -ge 3 ]] && break
   sleep 0.05
 done
-api=$(sed -n 's/^listening on //p' "$tmp/api.out" | head -n1)
+"$bin" status --registry "$registry" >&2
+
+"$bin" generate --registry "$registry" --prompt "$prompt" --max-tokens 64 "$@"
+
+# The API in front of the same nodes.
+"$bin" api --registry "$registry" --listen "${MESHNET_API_LISTEN:-127.0.0.1:0}" \
+  >"$tmp/api.out" 2>"$tmp/api.err" &
+pids+=($!)
+api=$(wait_line "$tmp/api.out" "listening on " "${pids[-1]}")
 [[ -n "$api" ]] || { echo "meshnet api did not start" >&2; exit 1; }
 echo "meshnet api on http://$api (chat page at /)" >&2
 escaped=$(printf '%s' "$prompt" | sed 's/\\/\\\\/g; s/"/\\"/g')
