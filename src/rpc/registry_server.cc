@@ -11,6 +11,7 @@
 #include "rpc/registry_codec.h"
 #include "rpc/remote.h"
 #include "rpc/server.h"
+#include "rpc/server_auth.h"
 #include "rpc/status.h"
 #include "util/error.h"
 #include "util/mutex.h"
@@ -77,14 +78,8 @@ class RegistryService final : public pb::Registry::Service {
  private:
   template <typename F>
   grpc::Status Run(grpc::ServerContext* ctx, F&& body) {
-    if (!token_digest_.empty()) {
-      const auto& md = ctx->client_metadata();
-      auto it = md.find("authorization");
-      const std::string presented =
-          it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-      if (!SecretMatches(presented, token_digest_)) {
-        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token");
-      }
+    if (!PresentsToken(*ctx, token_digest_)) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token");
     }
     try {
       body();

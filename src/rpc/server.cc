@@ -209,13 +209,8 @@ class MeshNodeService final : public pb::MeshNode::Service {
   // The credentials' TokenGate refused tokenless calls before their bodies
   // were read; this second check keeps the handlers safe on their own.
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
-    if (token_digest_.empty()) return grpc::Status::OK;
-    const auto& md = ctx->client_metadata();
-    auto it = md.find("authorization");
-    const std::string presented =
-        it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
     // Digest comparison: constant time in the token's content and length.
-    if (!SecretMatches(presented, token_digest_)) {
+    if (!PresentsToken(*ctx, token_digest_)) {
       core_->counters().CountError(ErrorKind::kPermissionDenied);
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token");
     }

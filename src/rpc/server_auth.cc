@@ -92,6 +92,15 @@ TokenGate::TokenGate(std::string_view token, std::function<void()> on_reject)
     : digest_(token.empty() ? "" : SecretDigest(BearerValue(token))),
       on_reject_(std::move(on_reject)) {}
 
+bool PresentsToken(const grpc::ServerContext& ctx, const std::string& digest) {
+  if (digest.empty()) return true;
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  const std::string_view presented =
+      it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  return SecretMatches(presented, digest);
+}
+
 bool TokenGate::Admits(std::string_view path, std::string_view authorization) const {
   if (digest_.empty() || path.substr(0, kHealthPrefix.size()) == kHealthPrefix) return true;
   // Digest comparison: constant time in the token's content and length.

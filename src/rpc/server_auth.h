@@ -20,6 +20,7 @@
 #pragma once
 
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_context.h>
 
 #include <functional>
 #include <memory>
@@ -47,6 +48,11 @@ class TokenGate {
   std::string digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
   std::function<void()> on_reject_;
 };
+
+// Whether a call's "authorization" metadata carries the token whose digest
+// (SHA-256 of its BearerValue) is `digest`; true when `digest` is empty. The
+// handlers' own check, behind the credentials' gate.
+bool PresentsToken(const grpc::ServerContext& ctx, const std::string& digest);
 
 // The node's listening credentials: TLS when `o` names a certificate (client
 // certificates required when it names a CA), plaintext otherwise; with
