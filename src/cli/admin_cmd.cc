@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "rpc/drain.h"
 #include "rpc/remote.h"
 #include "util/error.h"
@@ -29,10 +30,7 @@ struct DrainFlags {
 
 int RunDrain(const DrainFlags& f) {
   rpc::ClientOptions co;
-  co.auth_token = f.auth_token;
-  if (co.auth_token.empty()) {
-    if (const char* env = std::getenv("MESHNET_AUTH_TOKEN")) co.auth_token = env;
-  }
+  co.auth_token = AuthTokenOrEnv(f.auth_token);
   co.tls_ca = f.tls_ca;
   co.tls_cert = f.tls_cert;
   co.tls_key = f.tls_key;

@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -34,6 +35,12 @@ KvDtype ParseKvDtypeFlag(const std::string& s) {
     ThrowInvalidArgument(
         "--kv-dtype must be float32, float16 or bfloat16 (or f32, f16, bf16); got '" + s + "'");
   }
+}
+
+std::string AuthTokenOrEnv(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("MESHNET_AUTH_TOKEN");
+  return env != nullptr ? env : "";
 }
 
 }  // namespace meshnet::cli

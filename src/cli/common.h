@@ -19,4 +19,7 @@ std::string DefaultModelPath();
 // bf16. Throws kInvalidArgument naming the choices.
 KvDtype ParseKvDtypeFlag(const std::string& s);
 
+// --auth-token, or $MESHNET_AUTH_TOKEN when the flag is not given.
+std::string AuthTokenOrEnv(const std::string& flag);
+
 }  // namespace meshnet::cli

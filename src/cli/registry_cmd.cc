@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "registry/status_http.h"
 #include "rpc/registry_server.h"
 #include "util/stop_signals.h"
@@ -35,10 +36,7 @@ struct RegistryFlags {
 rpc::RegistryServerOptions ServerOptions(const RegistryFlags& f) {
   rpc::RegistryServerOptions o;
   o.listen = f.listen;
-  o.auth_token = f.auth_token;
-  if (o.auth_token.empty()) {
-    if (const char* env = std::getenv("MESHNET_AUTH_TOKEN")) o.auth_token = env;
-  }
+  o.auth_token = AuthTokenOrEnv(f.auth_token);
   o.tls_cert = f.tls_cert;
   o.tls_key = f.tls_key;
   o.tls_ca = f.tls_ca;

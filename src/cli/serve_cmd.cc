@@ -108,10 +108,7 @@ rpc::NodeServerOptions ServerOptionsFrom(const ServeFlags& f) {
   rpc::NodeServerOptions o;
   o.listen = f.listen;
   o.metrics_listen = f.metrics_listen;
-  o.auth_token = f.auth_token;
-  if (o.auth_token.empty()) {
-    if (const char* env = std::getenv("MESHNET_AUTH_TOKEN")) o.auth_token = env;
-  }
+  o.auth_token = AuthTokenOrEnv(f.auth_token);
   o.tls_cert = f.tls_cert;
   o.tls_key = f.tls_key;
   o.tls_ca = f.tls_ca;
