@@ -13,8 +13,8 @@
 // Q4_1). Signed codes use the
 // sign trick: |w| (u8) x (x with w's sign) (i8). vpmaddubsw cannot saturate
 // here: |w| <= 128 and |x| <= 127 give pair sums <= 32512.
-// - 32-element formats: the block's integer dot (exact) is converted and
-//   scaled by d_w * d_x into float lanes, as in GGML.
+// - 32-element formats (matmul_x86_b32-inl.h): the block's integer dot
+//   (exact) is converted and scaled by d_w * d_x into float lanes, as in GGML.
 // - K-quants and IQ4_XS: per 32-block, the int16 pair sums are multiplied by
 //   the 16-block scales (vpmaddwd) and summed in int32 over the super-block
 //   (exact: |sum| < 2^25), then scaled once by d * d_x, as GGML does.
@@ -93,58 +93,6 @@ HWY_INLINE float HSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// ------------------------------------------------------------ 32-element formats
-
-// Block(p, &m) returns the 32 codes and sets m to the block's offset (value =
-// d*code + m; formats without one leave it).
-struct XQ8_0 {
-  static constexpr int kBytes = 34;
-  static constexpr bool kSigned = true, kHasOff = false;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float*) { return Load32(p + 2); }
-};
-// Q4_0/Q5_0 take their -8/-16 like Q4_1's offset (m = -8d, -16d, times the
-// activations' d*sum(q), which is exact in float for q8_0): unsigned codes
-// skip the sign trick, measured 1.2x faster than signed ones on the decode matvec.
-struct XQ4_0 {
-  static constexpr int kBytes = 18;
-  static constexpr bool kSigned = false, kHasOff = true;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float* m) {
-    *m = -8.0f * LoadF16(p);
-    return Nibbles32(p + 2);
-  }
-};
-struct XQ4_1 {
-  static constexpr int kBytes = 20;
-  static constexpr bool kSigned = false, kHasOff = true;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float* m) {
-    *m = LoadF16(p + 2);
-    return Nibbles32(p + 4);
-  }
-};
-struct XQ5_0 {
-  static constexpr int kBytes = 22;
-  static constexpr bool kSigned = false, kHasOff = true;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float* m) {
-    *m = -16.0f * LoadF16(p);
-    return _mm256_or_si256(Nibbles32(p + 6), FifthBits(p + 2));
-  }
-};
-struct XQ5_1 {
-  static constexpr int kBytes = 24;
-  static constexpr bool kSigned = false, kHasOff = true;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float* m) {
-    *m = LoadF16(p + 2);
-    return _mm256_or_si256(Nibbles32(p + 8), FifthBits(p + 4));
-  }
-};
-struct XIQ4_NL {
-  static constexpr int kBytes = 18;
-  static constexpr bool kSigned = true, kHasOff = false;
-  static HWY_INLINE __m256i Block(const uint8_t* p, float*) {
-    return Iq4Levels32(Nibbles32(p + 2));
-  }
-};
-
 // Activations of T tokens starting at t0.
 template <int T>
 struct TokenPtrs {
@@ -168,57 +116,6 @@ template <bool kSigned>
 HWY_INLINE __m256i PairSums(__m256i w_abs, __m256i w, const int8_t* x) {
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   return _mm256_maddubs_epi16(w_abs, kSigned ? _mm256_sign_epi8(xv, w) : xv);
-}
-
-// One row x T tokens of a 32-element format. A one-token tile alternates two
-// accumulators so consecutive blocks' FMAs overlap.
-template <class F, int T>
-HWY_INLINE void SmallTile(const WeightMatrix& w, int64_t r, int64_t t0, const QuantActs& a,
-                          float* y) {
-  constexpr int kAcc = T == 1 ? 2 : 1;
-  const int64_t nb = w.cols / 32;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * nb * F::kBytes;
-  const TokenPtrs<T> x(a, t0);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[kAcc][T];
-  float off[T];
-  for (int t = 0; t < T; ++t) {
-    for (int k = 0; k < kAcc; ++k) acc[k][t] = _mm256_setzero_ps();
-    off[t] = 0.0f;
-  }
-  int64_t b = 0;
-  for (; b + kAcc <= nb; b += kAcc) {
-    for (int k = 0; k < kAcc; ++k) {
-      const uint8_t* p = row + (b + k) * F::kBytes;
-      float m = 0.0f;
-      const __m256i code = F::Block(p, &m);
-      const __m256i code_abs = F::kSigned ? _mm256_sign_epi8(code, code) : code;
-      const float dw = LoadF16(p);
-      for (int t = 0; t < T; ++t) {
-        const __m256i s32 =
-            _mm256_madd_epi16(PairSums<F::kSigned>(code_abs, code, x.q[t] + (b + k) * 32), ones);
-        acc[k][t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(dw * x.d[t][b + k]), acc[k][t]);
-        if constexpr (F::kHasOff) off[t] += m * x.dxs[t][b + k];
-      }
-    }
-  }
-  for (; b < nb; ++b) {  // (kAcc = 2 and an odd block count) the last block
-    const uint8_t* p = row + b * F::kBytes;
-    float m = 0.0f;
-    const __m256i code = F::Block(p, &m);
-    const __m256i code_abs = F::kSigned ? _mm256_sign_epi8(code, code) : code;
-    const __m256i s32 =
-        _mm256_madd_epi16(PairSums<F::kSigned>(code_abs, code, x.q[0] + b * 32), ones);
-    acc[0][0] =
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(LoadF16(p) * x.d[0][b]), acc[0][0]);
-    if constexpr (F::kHasOff) off[0] += m * x.dxs[0][b];
-  }
-  for (int t = 0; t < T; ++t) {
-    __m256 total = acc[0][t];
-    for (int k = 1; k < kAcc; ++k) total = _mm256_add_ps(total, acc[k][t]);
-    y[(t0 + t) * w.rows + r] = HSum(total) + off[t];
-  }
 }
 
 // ------------------------------------------------------------ K-quants, IQ4_XS
@@ -422,19 +319,10 @@ HWY_INLINE void KTile(const WeightMatrix& w, int64_t r, int64_t t0, const QuantA
   for (int t = 0; t < T; ++t) y[(t0 + t) * w.rows + r] = HSum(acc[t]) - HSum(corr[t]);
 }
 
-template <class F>
-concept IsKFormat = requires {
-  F::kOff;
-};
-
 template <class F, int T>
 HWY_INLINE void Int8Tile(const WeightMatrix& w, int64_t r, int64_t t0, const QuantActs& a,
                          float* y) {
-  if constexpr (IsKFormat<F>) {
-    KTile<F, T>(w, r, t0, a, y);
-  } else {
-    SmallTile<F, T>(w, r, t0, a, y);
-  }
+  KTile<F, T>(w, r, t0, a, y);
 }
 
 // Rows [r_begin, r_end) x all tokens, one row at a time (decode: one
@@ -454,22 +342,11 @@ void Int8Rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const Quant
   }
 }
 
-// False for the types without an int8 kernel (float types).
+// False for the types without an int8 kernel here (float types; the
+// 32-element formats take Block32MatMulRows in matmul_x86_b32-inl.h).
 HWY_INLINE bool Int8MatMulRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end,
                                const QuantActs& a, int64_t n_tokens, float* y) {
   switch (w.type) {
-    case GgmlType::kQ8_0:
-      return Int8Rows<XQ8_0>(w, r_begin, r_end, a, n_tokens, y), true;
-    case GgmlType::kQ4_0:
-      return Int8Rows<XQ4_0>(w, r_begin, r_end, a, n_tokens, y), true;
-    case GgmlType::kQ4_1:
-      return Int8Rows<XQ4_1>(w, r_begin, r_end, a, n_tokens, y), true;
-    case GgmlType::kQ5_0:
-      return Int8Rows<XQ5_0>(w, r_begin, r_end, a, n_tokens, y), true;
-    case GgmlType::kQ5_1:
-      return Int8Rows<XQ5_1>(w, r_begin, r_end, a, n_tokens, y), true;
-    case GgmlType::kIQ4_NL:
-      return Int8Rows<XIQ4_NL>(w, r_begin, r_end, a, n_tokens, y), true;
     case GgmlType::kQ2_K:
       return Int8Rows<XQ2_K>(w, r_begin, r_end, a, n_tokens, y), true;
     case GgmlType::kQ3_K:

@@ -1,0 +1,234 @@
+// Internal: the int8 x86 (AVX2 and the AVX-512 targets) kernels of the
+// 32-element block formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL. Included
+// by matmul_kernels.cc once per target (after matmul_x86-inl.h, whose vector
+// helpers they use).
+//
+// A tile is R weight rows x T tokens (decode: 1 x 1; batches: 2 x 4), its
+// R*T float accumulators held in registers: each weight block is decoded
+// once per tile and reused for the T tokens, each activation block loaded once
+// and reused for the R rows. Per block, the integer dot (exact: vpmaddubsw,
+// then vpmaddwd into int32) is converted and scaled by d_w * d_x into float
+// lanes, as in GGML. The blocks are taken in groups of 8: the group's weight
+// scales (and Q4_1/Q5_1 offsets) are gathered and converted by one vcvtph2ps
+// per row, multiplied by the T tokens' 8 activation scales in one vector
+// product each, and the offset terms (m * d_x*sum(q), see matmul_x86-inl.h)
+// go into the accumulators with one FMA per row, token and group. So the
+// per-block work is the decode (per row), the activation load (per token) and
+// four or five integer/float operations per row and token.
+//
+// Per-target include guard (Highway's -inl.h convention).
+#if defined(MESHNET_OPS_MATMUL_X86_B32_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MESHNET_OPS_MATMUL_X86_B32_INL_H_
+#undef MESHNET_OPS_MATMUL_X86_B32_INL_H_
+#else
+#define MESHNET_OPS_MATMUL_X86_B32_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "ops/matmul_formats-inl.h"
+#include "ops/matmul_kernels.h"
+#include "ops/matmul_x86-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace meshnet::ops::internal {
+namespace HWY_NAMESPACE {
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
+// Each format: kBytes per block, the f16 scale d at byte 0; Codes(p) the
+// block's 32 codes as bytes (kSigned: int8, else uint8); the value of code c
+// is d*c + m with m the f16 at byte kMinAt (kMinAt > 0), kBias*d (kBias != 0)
+// or 0. Unsigned codes skip the sign trick (Q4_0/Q5_0 take their -8/-16 as an
+// offset): measured 1.2x faster than signed ones on the decode matvec.
+struct XQ8_0 {
+  static constexpr int kBytes = 34, kMinAt = 0;
+  static constexpr float kBias = 0.0f;
+  static constexpr bool kSigned = true;
+  static HWY_INLINE __m256i Codes(const uint8_t* p) { return Load32(p + 2); }
+};
+struct XQ4_0 {
+  static constexpr int kBytes = 18, kMinAt = 0;
+  static constexpr float kBias = -8.0f;
+  static constexpr bool kSigned = false;
+  static HWY_INLINE __m256i Codes(const uint8_t* p) { return Nibbles32(p + 2); }
+};
+struct XQ5_0 {
+  static constexpr int kBytes = 22, kMinAt = 0;
+  static constexpr float kBias = -16.0f;
+  static constexpr bool kSigned = false;
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    return _mm256_or_si256(Nibbles32(p + 6), FifthBits(p + 2));
+  }
+};
+// Q4_1 (kFifth false) and Q5_1: d, m, then Q5_1's fifth bits, then the nibbles.
+template <bool kFifth>
+struct XQx_1 {
+  static constexpr int kBytes = kFifth ? 24 : 20, kMinAt = 2;
+  static constexpr float kBias = 0.0f;
+  static constexpr bool kSigned = false;
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    if constexpr (kFifth) return _mm256_or_si256(Nibbles32(p + 8), FifthBits(p + 4));
+    return Nibbles32(p + 4);
+  }
+};
+using XQ4_1 = XQx_1<false>;
+using XQ5_1 = XQx_1<true>;
+struct XIQ4_NL {
+  static constexpr int kBytes = 18, kMinAt = 0;
+  static constexpr float kBias = 0.0f;
+  static constexpr bool kSigned = true;
+  static HWY_INLINE __m256i Codes(const uint8_t* p) { return Iq4Levels32(Nibbles32(p + 2)); }
+};
+
+template <class F>
+constexpr bool kB32HasOff = F::kMinAt != 0 || F::kBias != 0.0f;
+
+// 8 floats at p, lanes >= g (< 8 at the end of a row) read as 0.
+HWY_INLINE __m256 LoadGroup(const float* p, int g) {
+  if (g == 8) return _mm256_loadu_ps(p);
+  const __m256i mask =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_maskload_ps(p, mask);
+}
+
+// The f16 at byte `at` of blocks [b, b + g) of a row as 8 floats (0 past g).
+template <class F>
+HWY_INLINE __m256 GatherF16(const uint8_t* row, int64_t b, int g, int at) {
+  alignas(16) uint16_t h[8] = {};
+  for (int k = 0; k < g; ++k) h[k] = LoadU16(row + (b + k) * F::kBytes + at);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// Blocks [b, b + g): eff[r][t][k] = d_w * d_x of block b + k; the offset
+// terms m * d_x*sum(q) added to acc[r][t].
+template <class F, int R, int T>
+HWY_INLINE void GroupScales(const uint8_t* const* rows, int64_t b, int g, const TokenPtrs<T>& x,
+                            float (*eff)[T][8], __m256 (*acc)[T]) {
+  for (int r = 0; r < R; ++r) {
+    const __m256 dw = GatherF16<F>(rows[r], b, g, 0);
+    __m256 m = _mm256_setzero_ps();
+    if constexpr (F::kMinAt != 0) {
+      m = GatherF16<F>(rows[r], b, g, F::kMinAt);
+    } else if constexpr (F::kBias != 0.0f) {
+      m = _mm256_mul_ps(_mm256_set1_ps(F::kBias), dw);
+    }
+    for (int t = 0; t < T; ++t) {
+      _mm256_store_ps(eff[r][t], _mm256_mul_ps(dw, LoadGroup(x.d[t] + b, g)));
+      if constexpr (kB32HasOff<F>) {
+        acc[r][t] = _mm256_fmadd_ps(m, LoadGroup(x.dxs[t] + b, g), acc[r][t]);
+      }
+    }
+  }
+}
+
+// Block b + k of R rows x T tokens into acc: decoded once, the activations
+// loaded once per token.
+template <class F, int R, int T>
+HWY_INLINE void BlockDots(const uint8_t* const* rows, int64_t b, int k, const TokenPtrs<T>& x,
+                          const float (*eff)[T][8], __m256 (*acc)[T]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i code[R], code_abs[R];
+  for (int r = 0; r < R; ++r) {
+    code[r] = F::Codes(rows[r] + (b + k) * F::kBytes);
+    code_abs[r] = F::kSigned ? _mm256_sign_epi8(code[r], code[r]) : code[r];
+  }
+  for (int t = 0; t < T; ++t) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[t] + (b + k) * 32));
+    for (int r = 0; r < R; ++r) {
+      const __m256i xs = F::kSigned ? _mm256_sign_epi8(xv, code[r]) : xv;
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(code_abs[r], xs), ones);
+      acc[r][t] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_broadcast_ss(&eff[r][t][k]), acc[r][t]);
+    }
+  }
+}
+
+// Rows [r0, r0 + R) x tokens [t0, t0 + T) of y. A 1 x 1 tile (decode)
+// alternates two accumulators so consecutive blocks' FMAs overlap.
+template <class F, int R, int T>
+HWY_INLINE void B32Tile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
+                        float* y) {
+  constexpr int kAcc = R * T == 1 ? 2 : 1;
+  const int64_t nb = w.cols / 32;
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * F::kBytes;
+  }
+  const TokenPtrs<T> x(a, t0);
+  __m256 acc[kAcc][R][T];
+  for (int k = 0; k < kAcc; ++k)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[k][r][t] = _mm256_setzero_ps();
+  HWY_ALIGN float eff[R][T][8];
+  for (int64_t b = 0; b < nb; b += 8) {
+    if (b + 8 <= nb) {
+      GroupScales<F, R, T>(rows, b, 8, x, eff, acc[0]);
+      for (int k = 0; k < 8; k += kAcc) {
+        for (int u = 0; u < kAcc; ++u) BlockDots<F, R, T>(rows, b, k + u, x, eff, acc[u]);
+      }
+    } else {  // the row's last blocks
+      const int g = static_cast<int>(nb - b);
+      GroupScales<F, R, T>(rows, b, g, x, eff, acc[0]);
+      for (int k = 0; k < g; ++k) BlockDots<F, R, T>(rows, b, k, x, eff, acc[0]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      __m256 total = acc[0][r][t];
+      for (int k = 1; k < kAcc; ++k) total = _mm256_add_ps(total, acc[k][r][t]);
+      y[(t0 + t) * w.rows + r0 + r] = HSum(total);
+    }
+}
+
+// R rows x all tokens: tiles of 4 tokens, then single tokens.
+template <class F, int R>
+HWY_INLINE void B32Tokens(const WeightMatrix& w, int64_t r0, const QuantActs& a, int64_t n_tokens,
+                          float* y) {
+  int64_t t = 0;
+  for (; t + 4 <= n_tokens; t += 4) B32Tile<F, R, 4>(w, r0, t, a, y);
+  for (; t < n_tokens; ++t) B32Tile<F, R, 1>(w, r0, t, a, y);
+}
+
+// Decode (one token) streams one row at a time, which the hardware
+// prefetchers follow best; batches take rows in pairs.
+template <class F>
+void B32Rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
+             int64_t n_tokens, float* y) {
+  int64_t r = r_begin;
+  if (n_tokens > 1) {
+    for (; r + 2 <= r_end; r += 2) B32Tokens<F, 2>(w, r, a, n_tokens, y);
+  }
+  for (; r < r_end; ++r) B32Tokens<F, 1>(w, r, a, n_tokens, y);
+}
+
+// False for the types without a kernel here.
+HWY_INLINE bool Block32MatMulRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end,
+                                  const QuantActs& a, int64_t n_tokens, float* y) {
+  switch (w.type) {
+    case GgmlType::kQ8_0:
+      return B32Rows<XQ8_0>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ4_0:
+      return B32Rows<XQ4_0>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ4_1:
+      return B32Rows<XQ4_1>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ5_0:
+      return B32Rows<XQ5_0>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ5_1:
+      return B32Rows<XQ5_1>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kIQ4_NL:
+      return B32Rows<XIQ4_NL>(w, r_begin, r_end, a, n_tokens, y), true;
+    default:
+      return false;
+  }
+}
+
+#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
+}  // namespace HWY_NAMESPACE
+}  // namespace meshnet::ops::internal
+HWY_AFTER_NAMESPACE();
+
+#endif  // MESHNET_OPS_MATMUL_X86_B32_INL_H_
