@@ -221,19 +221,6 @@ struct Q6_KFmt {
   }
 };
 
-struct Q4_1Fmt {  // value = d*code + m
-  static constexpr int kSuper = 32, kBytes = 20, kSub = 1;
-  static constexpr bool kHasOff = true;
-  static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
-    h->scale[0] = LoadF16(p);
-    h->off[0] = -LoadF16(p + 2);
-  }
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
-    return hn::PromoteTo(d, Nibbles(d, p + 4, e));
-  }
-};
-
 struct Q5_0Fmt {  // value = d*(code - 16)
   static constexpr int kSuper = 32, kBytes = 22, kSub = 1;
   static constexpr bool kHasOff = false;
@@ -245,8 +232,11 @@ struct Q5_0Fmt {  // value = d*(code - 16)
   }
 };
 
-struct Q5_1Fmt {  // value = d*code + m
-  static constexpr int kSuper = 32, kBytes = 24, kSub = 1;
+// Q4_1 (kFifth false) and Q5_1: d, m, Q5_1's fifth bits, the nibbles;
+// value = d*code + m.
+template <bool kFifth>
+struct Qx_1Fmt {
+  static constexpr int kSuper = 32, kBytes = kFifth ? 24 : 20, kSub = 1;
   static constexpr bool kHasOff = true;
   static HWY_INLINE void Header(const uint8_t* p, SubScales* h) {
     h->scale[0] = LoadF16(p);
@@ -254,9 +244,13 @@ struct Q5_1Fmt {  // value = d*code + m
   }
   template <class D>
   static HWY_INLINE hn::Vec<D> Code(D d, const uint8_t* p, const SubScales&, int, size_t e) {
-    return hn::Or(hn::PromoteTo(d, Nibbles(d, p + 8, e)), Q5High(d, p + 4, e));
+    const auto lo = hn::PromoteTo(d, Nibbles(d, p + (kFifth ? 8 : 4), e));
+    if constexpr (kFifth) return hn::Or(lo, Q5High(d, p + 4, e));
+    return lo;
   }
 };
+using Q4_1Fmt = Qx_1Fmt<false>;
+using Q5_1Fmt = Qx_1Fmt<true>;
 
 struct IQ4_NLFmt {  // value = d*level
   static constexpr int kSuper = 32, kBytes = 18, kSub = 1;

@@ -359,6 +359,50 @@ HWY_INLINE float ScalarAct(float v) {
   return v;
 }
 
+// One row . one token (decode): 4 independent FMA chains hide the latency.
+// Returns the vector sum of elements [0, *end); the caller adds the rest.
+template <class WT, bool kRound>
+HWY_INLINE hn::Vec<DF> FloatDot1(const WT* row, const float* x, int64_t cols, int64_t* end) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  int64_t i = 0;
+  // Align the weight stream to the load size: split loads cost ~30% of the
+  // bandwidth (GGUF aligns tensors to 32 bytes only). The first vector is
+  // loaded unaligned and masked to the `head` elements before the boundary.
+  constexpr size_t kLoadBytes = hn::MaxLanes(DF()) * sizeof(WT);
+  const auto addr = reinterpret_cast<uintptr_t>(row);
+  const auto head =
+      static_cast<int64_t>((kLoadBytes - addr % kLoadBytes) % kLoadBytes / sizeof(WT));
+  if (addr % sizeof(WT) == 0 && head > 0 && head + n <= cols) {
+    const auto m = hn::FirstN(df, static_cast<size_t>(head));
+    a0 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, row)),
+                    hn::IfThenElseZero(m, LoadActs<kRound>(df, x)), a0);
+    i = head;
+  }
+  for (; i + 4 * n <= cols; i += 4 * n) {
+    a0 = hn::MulAdd(LoadWeights(df, row + i), LoadActs<kRound>(df, x + i), a0);
+    a1 = hn::MulAdd(LoadWeights(df, row + i + n), LoadActs<kRound>(df, x + i + n), a1);
+    a2 = hn::MulAdd(LoadWeights(df, row + i + 2 * n), LoadActs<kRound>(df, x + i + 2 * n), a2);
+    a3 = hn::MulAdd(LoadWeights(df, row + i + 3 * n), LoadActs<kRound>(df, x + i + 3 * n), a3);
+  }
+  for (; i + n <= cols; i += n) {
+    a1 = hn::MulAdd(LoadWeights(df, row + i), LoadActs<kRound>(df, x + i), a1);
+  }
+  if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
+    const int64_t last = cols - n;
+    const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - last)));
+    a2 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, row + last)),
+                    hn::IfThenElseZero(m, LoadActs<kRound>(df, x + last)), a2);
+    i = cols;
+  }
+  *end = i;
+  return hn::Add(hn::Add(a0, a1), hn::Add(a2, a3));
+}
+
+// Rows [r0, r0+R) x tokens [t0, t0+T) of y: R*T accumulators, each weight
+// vector loaded once for the T tokens and each activation vector once for the
+// R rows.
 template <class WT, bool kRound, int R, int T>
 HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const float* x, float* y) {
   const DF df;
@@ -372,42 +416,7 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
   int64_t i = 0;
-  if constexpr (R * T == 1) {  // decode: 4 independent FMA chains hide the latency
-    // Align the weight stream to the load size: split loads cost ~30% of the
-    // bandwidth (GGUF aligns tensors to 32 bytes only). The first vector is
-    // loaded unaligned and masked to the `head` elements before the boundary.
-    constexpr size_t kLoadBytes = hn::MaxLanes(DF()) * sizeof(WT);
-    const auto addr = reinterpret_cast<uintptr_t>(rows[0]);
-    const auto head =
-        static_cast<int64_t>((kLoadBytes - addr % kLoadBytes) % kLoadBytes / sizeof(WT));
-    if (addr % sizeof(WT) == 0 && head > 0 && head + n <= cols) {
-      const auto m = hn::FirstN(df, static_cast<size_t>(head));
-      acc[0][0] = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0])),
-                             hn::IfThenElseZero(m, LoadActs<kRound>(df, xs[0])), acc[0][0]);
-      i = head;
-    }
-    auto a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-    for (; i + 4 * n <= cols; i += 4 * n) {
-      acc[0][0] =
-          hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<kRound>(df, xs[0] + i), acc[0][0]);
-      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i + n), LoadActs<kRound>(df, xs[0] + i + n), a1);
-      a2 = hn::MulAdd(LoadWeights(df, rows[0] + i + 2 * n), LoadActs<kRound>(df, xs[0] + i + 2 * n),
-                      a2);
-      a3 = hn::MulAdd(LoadWeights(df, rows[0] + i + 3 * n), LoadActs<kRound>(df, xs[0] + i + 3 * n),
-                      a3);
-    }
-    for (; i + n <= cols; i += n) {
-      a1 = hn::MulAdd(LoadWeights(df, rows[0] + i), LoadActs<kRound>(df, xs[0] + i), a1);
-    }
-    if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
-      const int64_t last = cols - n;
-      const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - last)));
-      a2 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, rows[0] + last)),
-                      hn::IfThenElseZero(m, LoadActs<kRound>(df, xs[0] + last)), a2);
-      i = cols;
-    }
-    acc[0][0] = hn::Add(hn::Add(acc[0][0], a1), hn::Add(a2, a3));
-  }
+  if constexpr (R * T == 1) acc[0][0] = FloatDot1<WT, kRound>(rows[0], xs[0], cols, &i);
   for (; i + n <= cols; i += n) {
     hn::Vec<DF> wv[R];
     for (int r = 0; r < R; ++r) wv[r] = LoadWeights(df, rows[r] + i);

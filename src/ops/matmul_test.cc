@@ -308,6 +308,21 @@ TEST(MatMul, QuantTypesBatchedMatchReference) {
   });
 }
 
+// The 32-element formats' tiles (2 rows x 4 tokens, groups of 8 blocks) at
+// the edges: rows and tokens not multiples of the tile, rows of 1-7 blocks
+// past the last full group (352 = 11 blocks, 544 = 17, 96 = 3), and every
+// bit pattern of the blocks.
+TEST(MatMul, Block32TilesAtEdgeSizes) {
+  const GgmlType types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                            GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL};
+  ForEachSimdTarget([&] {
+    for (GgmlType type : types) {
+      CheckType(type, {{1, 352, 4}, {2, 352, 5}, {3, 544, 7}, {4, 256, 8}, {5, 96, 3}});
+      CheckType(type, {{3, 352, 6}, {1, 544, 1}, {2, 224, 9}}, /*random_bits=*/true);
+    }
+  });
+}
+
 TEST(MatMul, FloatWeightsAtEveryAlignment) {
   // The decode kernel aligns the weight stream with a masked head and tail;
   // place the matrix at every element offset within 64 bytes.
