@@ -23,7 +23,8 @@
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
 // inproc_nobatch and 3node_nobatch run with the nodes' batching off, and
-// <route>_chunkN with --prefill-chunk N; Ratios then adds <route>_16_batch_gain)
+// <route>_chunkN with --prefill-chunk N, <route>_shareX with --prefill-share X; Ratios then adds
+// <route>_16_batch_gain)
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
 // Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none). Each benchmark
 // runs one iteration (a run of many sessions is its own repetition).
@@ -178,7 +179,8 @@ double ProcessCpuSeconds(pid_t pid) {
 
 // A route for one model: the in-process node or three serve processes;
 // "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),
-// "<route>_chunkN" sets their --prefill-chunk to N.
+// "<route>_chunkN" sets their --prefill-chunk to N, "<route>_shareX" their
+// --prefill-share to X.
 class Route {
  public:
   Route(const std::string& type, const std::string& route_name) {
@@ -186,6 +188,8 @@ class Route {
     const bool nobatch = route_name.ends_with("_nobatch");
     const size_t chunk_at = route_name.find("_chunk");
     const std::string chunk = chunk_at == std::string::npos ? "" : route_name.substr(chunk_at + 6);
+    const size_t share_at = route_name.find("_share");
+    const std::string share = share_at == std::string::npos ? "" : route_name.substr(share_at + 6);
     const std::string kind = route_name.substr(0, route_name.find('_'));
     if (kind == "inproc") {
       file_ = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
@@ -195,6 +199,7 @@ class Route {
       mo.kv_config.budget_bytes = 1LL << 30;
       if (nobatch) mo.batch.max_batch_sessions = 1;
       if (!chunk.empty()) mo.batch.prefill_chunk = std::stoi(chunk);
+      if (!share.empty()) mo.batch.prefill_share = std::stod(share);
       mesh_ = std::make_unique<mesh::InProcessMesh>(file_, mo, pool_.get());
       provider_ = std::make_unique<mesh::FixedRouteProvider>(mesh_->route());
       return;
@@ -219,6 +224,7 @@ class Route {
                                        "256"};
       if (nobatch) args.insert(args.end(), {"--max-batch-sessions", "1"});
       if (!chunk.empty()) args.insert(args.end(), {"--prefill-chunk", chunk});
+      if (!share.empty()) args.insert(args.end(), {"--prefill-share", share});
       nodes_.push_back(std::make_unique<rpc::testing::NodeProcess>(
           MESHNET_BINARY, args, (Dir().path / (type + "-" + layers + ".log")).string()));
       addresses_.push_back(nodes_.back()->address());

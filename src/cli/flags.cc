@@ -36,6 +36,11 @@ std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std:
                       "between other sessions' decode steps (1.." +
                           tokens + ")")
           ->capture_default_str(),
+      sub->add_option("--prefill-share", f->prefill_share,
+                      "While sessions decode, the prompt rows of one batch add at most this "
+                      "share of their decode batch's measured time (0 = only --prefill-chunk "
+                      "bounds them; 0..16)")
+          ->capture_default_str(),
   };
 }
 
@@ -44,6 +49,7 @@ node::BatchOptions BatchOptionsFrom(const BatchFlags& f) {
   o.max_batch_tokens = f.max_batch_tokens;
   o.max_batch_sessions = f.max_batch_sessions;
   o.prefill_chunk = f.prefill_chunk;
+  o.prefill_share = f.prefill_share;
   o.Validate();
   return o;
 }

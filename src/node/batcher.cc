@@ -26,7 +26,23 @@ void BatchOptions::Validate() const {
   if (prefill_chunk < 1 || prefill_chunk > kMaxTokens) {
     ThrowInvalidArgument("--prefill-chunk must be in 1.." + std::to_string(kMaxTokens));
   }
+  if (!(prefill_share >= 0 && prefill_share <= 16)) {
+    ThrowInvalidArgument("--prefill-share must be in 0..16");
+  }
 }
+
+namespace {
+
+// A step of one row: a decode step (or a one-token prompt), served first.
+bool IsDecode(const shard::PendingStep& step) { return step.n_new == 1; }
+
+std::exception_ptr CancelledError() {
+  return std::make_exception_ptr(
+      Error(ErrorKind::kUnavailable,
+            "step cancelled: its deadline passed, its caller is gone or the node is stopping"));
+}
+
+}  // namespace
 
 struct Batcher::Item {
   explicit Item(Mutex* mu) : wake(mu) {}
@@ -35,6 +51,7 @@ struct Batcher::Item {
   const std::function<bool()>* cancel = nullptr;  // the caller's check, may be null
   int64_t done = 0;                               // rows computed
   int64_t take = 0;                               // rows in the running batch
+  bool chosen = false;                            // FormLocked: in the next batch
   bool finished = false;
   std::exception_ptr error;
   Item* next = nullptr;  // queue link
@@ -59,20 +76,12 @@ void Batcher::PushLocked(Item* item) {
   ++pending_;
 }
 
-Batcher::Item* Batcher::PopLocked() {
-  Item* item = head_;
-  head_ = item->next;
-  if (head_ == nullptr) tail_ = nullptr;
-  item->next = nullptr;
-  --pending_;
-  return item;
-}
-
 void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
   Item self(&mu_);
   self.step = step;
   self.session_id = session_id;
   self.cancel = shard::CurrentStepCancel();
+  if (options_.max_batch_sessions == 1) return RunAlone(self);
   {
     MutexLock lock(&mu_);
     PushLocked(&self);
@@ -95,40 +104,102 @@ void Batcher::LeadLocked(Item& self) {
     if (batch_.empty()) continue;  // every step formed was cancelled
     mu_.Unlock();
     Observe();
+    const Clock::time_point start = Clock::now();
     Execute();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     mu_.Lock();
-    CompleteLocked();
+    CompleteLocked(seconds);
   }
   running_ = false;
   // The oldest waiting step leads next (its caller is asleep on its CondVar).
   if (head_ != nullptr && !held_) head_->wake.Signal();
 }
 
-void Batcher::FormLocked() {
-  batch_.clear();
-  int64_t rows = 0;
-  while (head_ != nullptr && static_cast<int64_t>(batch_.size()) < options_.max_batch_sessions &&
-         rows < options_.max_batch_tokens) {
-    Item* it = PopLocked();
+void Batcher::DropCancelledLocked() {
+  Item* prev = nullptr;
+  for (Item* it = head_; it != nullptr;) {
+    Item* next = it->next;
     if (it->cancel != nullptr && (*it->cancel)()) {
-      it->error = std::make_exception_ptr(
-          Error(ErrorKind::kUnavailable,
-                "step cancelled: its deadline passed, its caller is gone or the node is stopping"));
+      (prev != nullptr ? prev->next : head_) = next;
+      if (tail_ == it) tail_ = prev;
+      --pending_;
+      it->next = nullptr;
+      it->error = CancelledError();
       it->finished = true;
       it->wake.Signal();
-      continue;
+    } else {
+      prev = it;
     }
-    it->take = std::min(
-        {it->step->n_new - it->done, options_.prefill_chunk, options_.max_batch_tokens - rows});
-    rows += it->take;
-    batch_.push_back(it);
+    it = next;
   }
 }
 
-void Batcher::CompleteLocked() {
-  int64_t rows = 0;
+// Chooses in three passes (the oldest step, decode steps, prompt rows in
+// arrival order), then unlinks the chosen steps in queue order.
+void Batcher::FormLocked() {
+  batch_.clear();
+  DropCancelledLocked();
+  if (head_ == nullptr) return;
+  const int64_t max_steps = options_.max_batch_sessions;
+  int64_t steps = 0, rows = 0;
+  auto choose = [&](Item* it, int64_t take) {
+    it->chosen = true;
+    it->take = take;
+    ++steps;
+    rows += take;
+  };
+  for (Item* it = head_; it != nullptr; it = it->next) it->chosen = false;
+  if (IsDecode(*head_->step)) choose(head_, 1);
+  for (Item* it = head_->next; it != nullptr; it = it->next) {
+    // Room is kept for the oldest step when it is a prompt.
+    const int64_t reserve = head_->chosen ? 0 : 1;
+    if (steps + reserve >= max_steps || rows + reserve >= options_.max_batch_tokens) break;
+    if (IsDecode(*it->step)) choose(it, 1);
+  }
+  int64_t prefill = PrefillRowsLocked(steps);
+  for (Item* it = head_; it != nullptr && steps < max_steps; it = it->next) {
+    if (it->chosen) continue;
+    const int64_t take = std::min({it->step->n_new - it->done, options_.prefill_chunk,
+                                   options_.max_batch_tokens - rows, prefill});
+    if (take <= 0) break;
+    choose(it, take);
+    prefill -= take;
+  }
+  Item* prev = nullptr;
+  for (Item* it = head_; it != nullptr;) {
+    Item* next = it->next;
+    if (it->chosen) {
+      (prev != nullptr ? prev->next : head_) = next;
+      if (tail_ == it) tail_ = prev;
+      --pending_;
+      it->next = nullptr;
+      batch_.push_back(it);
+    } else {
+      prev = it;
+    }
+    it = next;
+  }
+}
+
+int64_t Batcher::PrefillRowsLocked(int64_t decoders) const {
+  const int64_t all = options_.max_batch_tokens;
+  if (options_.prefill_share <= 0 || !cost_.ready()) return all;
+  const double n = std::max(static_cast<double>(decoders), decoders_);
+  const double decode_batch = cost_.Seconds(std::max(n, 1.0));
+  // Sessions still decode here when one ran within a few of their batches'
+  // time (their next step may be on another node of the route, or sampling).
+  const bool decoding =
+      decoders > 0 || Clock::now() - last_decode_ < std::chrono::duration<double>(4 * decode_batch);
+  if (!decoding) return all;
+  const int64_t floor = std::min(options_.prefill_chunk, BatchOptions::kMinPrefillRows);
+  return std::max(floor, cost_.RowsWithin(options_.prefill_share * decode_batch));
+}
+
+void Batcher::CompleteLocked(double seconds) {
+  int64_t rows = 0, decoders = 0;
   for (Item* it : batch_) {
     rows += it->take;
+    if (IsDecode(*it->step)) ++decoders;
     it->done += it->take;
     if (it->error || it->done == it->step->n_new) {
       it->finished = true;
@@ -137,14 +208,55 @@ void Batcher::CompleteLocked() {
       PushLocked(it);  // the next chunk, behind everyone already waiting
     }
   }
-  const auto n = static_cast<int64_t>(batch_.size());
+  cost_.Add(rows, seconds);
+  if (decoders > 0) {
+    last_decode_ = Clock::now();
+    decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
+                              : static_cast<double>(decoders);
+  }
+  CountBatch(rows, static_cast<int64_t>(batch_.size()));
+  batch_.clear();
+}
+
+void Batcher::CountBatch(int64_t rows, int64_t steps) {
   stats_.batches.fetch_add(1, std::memory_order_relaxed);
   stats_.rows.fetch_add(rows, std::memory_order_relaxed);
-  stats_.steps.fetch_add(n, std::memory_order_relaxed);
-  if (n > stats_.max_sessions.load(std::memory_order_relaxed)) {
-    stats_.max_sessions.store(n, std::memory_order_relaxed);  // only the leader writes it
+  stats_.steps.fetch_add(steps, std::memory_order_relaxed);
+  int64_t seen = stats_.max_sessions.load(std::memory_order_relaxed);
+  while (steps > seen && !stats_.max_sessions.compare_exchange_weak(seen, steps)) {
   }
-  batch_.clear();
+}
+
+void Batcher::RunAlone(Item& self) {
+  {
+    MutexLock lock(&mu_);
+    ++pending_;  // visible to WaitPending while held
+    queued_.SignalAll();
+    while (held_) resumed_.Wait();
+    --pending_;
+  }
+  shard::PendingStep& step = *self.step;
+  const int64_t d = shard_->hparams().n_embd;
+  const int64_t chunk = std::min(options_.prefill_chunk, options_.max_batch_tokens);
+  while (self.done < step.n_new) {
+    if (self.cancel != nullptr && (*self.cancel)()) std::rethrow_exception(CancelledError());
+    const int64_t take = std::min(step.n_new - self.done, chunk);
+    if (observer_) {
+      BatchView view;
+      view.number = stats_.batches.load(std::memory_order_relaxed) + 1;
+      view.session_ids.emplace_back(self.session_id);
+      view.rows.push_back(take);
+      observer_(view);
+    }
+    const shard::BatchSlice slice{&step.step, step.step.start_pos() + self.done, take};
+    shard_->ForwardBatch(step.hidden.data() + self.done * d, std::span(&slice, 1));
+    self.done += take;
+    CountBatch(take, 1);
+  }
+  if (!shard_->role().is_tail()) return;
+  step.logits.resize(shard_->hparams().vocab_size);
+  shard_->LogitsRows(step.hidden.data() + (step.n_new - 1) * d, 1, step.logits.data());
+  step.logits_ready = true;
 }
 
 void Batcher::Execute() {
@@ -223,6 +335,7 @@ void Batcher::Hold() {
 void Batcher::Resume() {
   MutexLock lock(&mu_);
   held_ = false;
+  resumed_.SignalAll();
   if (!running_ && head_ != nullptr) head_->wake.Signal();
 }
 

@@ -17,14 +17,29 @@
 //    no thread hop and no wait). Others wait for their rows. When the
 //    leader's own step is done, it hands the lead to the oldest pending step
 //    and returns. No lock is held across the forward pass;
-//  * when a batch finishes, everything pending forms the next one, in arrival
-//    order, up to max_batch_sessions sessions and max_batch_tokens rows;
+//  * when a batch finishes, everything pending forms the next one, up to
+//    max_batch_sessions sessions and max_batch_tokens rows, in this order of
+//    precedence: the oldest pending step (so nothing starves), then every
+//    decode step (one row; decode first), then prompt rows in arrival order.
+//    The batch keeps arrival order;
 //  * a step of more than prefill_chunk rows (a long prompt) runs one chunk per
 //    batch and goes back to the end of the queue between chunks, so the
 //    decode steps of other sessions run between its chunks;
-//  * fairness: the queue is FIFO and a partly done step re-queues at the end,
-//    so every pending step is in one of the next (pending / max sessions)
-//    batches;
+//  * time-bounded prompt chunks: while sessions decode on this node (a decode
+//    step is pending, or one ran within the last few decode batches' time),
+//    the prompt rows of one batch are bounded so that they add at most
+//    prefill_share of the time of a batch of the decode steps alone, as
+//    measured on this node (BatchCostModel), and at least kMinPrefillRows (or
+//    prefill_chunk if smaller). A long prompt then costs the decoding sessions
+//    about (1 + prefill_share) of their inter-token time, whatever the
+//    kernels' speed; with nobody decoding it runs in whole prefill_chunk rows;
+//  * fairness: the queue is FIFO, a partly done step re-queues at the end and
+//    the oldest step is always in the next batch, so every pending step is in
+//    one of the next (pending) batches;
+//  * max_batch_sessions 1 (batching off): every step runs on its caller's
+//    thread as soon as it arrives, concurrently with the others' (as a node
+//    without a batcher would), in chunks of at most prefill_chunk and
+//    max_batch_tokens rows; nothing waits for another session's step;
 //  * cancellation (shard/step_cancel.h): a caller's cancel check is read when
 //    each batch forms; a cancelled step leaves the queue with kUnavailable
 //    (its reserved rows are rolled back by its caller). A step already in a
@@ -35,16 +50,19 @@
 // and reused; after warm-up the decode loop allocates nothing here.
 //
 // Thread-safety: all methods are thread-safe; SetObserver must be called
-// while no step runs.
+// while no step runs (with max_batch_sessions 1 the observer is called from
+// several threads at once).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "node/batch_cost.h"
 #include "shard/kv_boundary_adapter.h"
 #include "shard/llama_shard.h"
 #include "util/mutex.h"
@@ -55,10 +73,14 @@ struct BatchOptions {
   int64_t max_batch_tokens = 512;   // rows of one forward pass
   int64_t max_batch_sessions = 64;  // sessions of one forward pass (1: no batching)
   int64_t prefill_chunk = 256;      // rows of one step per batch
+  // While sessions decode, a batch's prompt rows add at most this share of
+  // the decode steps' own batch time (0: only prefill_chunk bounds them).
+  double prefill_share = 0.5;
+  static constexpr int64_t kMinPrefillRows = 4;  // the floor of that bound
   static constexpr int64_t kMaxTokens = 1 << 16;
   static constexpr int64_t kMaxSessions = 1 << 12;
   // Throws kInvalidArgument naming the flag for a value out of range
-  // (each 1..kMax*; prefill_chunk 1..kMaxTokens).
+  // (each 1..kMax*; prefill_chunk 1..kMaxTokens; prefill_share 0..16).
   void Validate() const;
 };
 
@@ -103,20 +125,28 @@ class Batcher {
 
  private:
   struct Item;
+  using Clock = std::chrono::steady_clock;
   // Pops the next batch off the queue into batch_ (dropping cancelled steps).
   void FormLocked() REQUIRES(mu_);
+  // Takes cancelled steps off the queue and fails them.
+  void DropCancelledLocked() REQUIRES(mu_);
+  // Prompt rows the next batch may carry besides `decoders` decode steps.
+  int64_t PrefillRowsLocked(int64_t decoders) const REQUIRES(mu_);
   // Forward pass (and LM head) over batch_; no lock held. Only the leader
   // touches batch_ and the buffers.
   void Execute();
   // Tail: the logits of the steps this batch finishes, from `rows` (the
   // batch's stacked output rows), as one LM head matmul.
   void TailLogits(const float* rows);
-  // Marks done steps, wakes their callers, re-queues the unfinished ones.
-  void CompleteLocked() REQUIRES(mu_);
+  // Marks done steps, wakes their callers, re-queues the unfinished ones;
+  // feeds the cost model with the batch's `seconds`.
+  void CompleteLocked(double seconds) REQUIRES(mu_);
+  void CountBatch(int64_t rows, int64_t steps);
   // As leader: runs batches until `self` is done (or the queue is held).
   void LeadLocked(Item& self) REQUIRES(mu_);
+  // max_batch_sessions 1: runs `self` on this thread, concurrently with others.
+  void RunAlone(Item& self) EXCLUDES(mu_);
   void PushLocked(Item* item) REQUIRES(mu_);
-  Item* PopLocked() REQUIRES(mu_);
   void Observe();
 
   const shard::LlamaShard* shard_;
@@ -125,6 +155,7 @@ class Batcher {
 
   Mutex mu_;
   CondVar queued_{&mu_};                  // a step was queued (WaitPending)
+  CondVar resumed_{&mu_};                 // Resume() (max_batch_sessions 1)
   Item* head_ GUARDED_BY(mu_) = nullptr;  // FIFO of pending steps
   Item* tail_ GUARDED_BY(mu_) = nullptr;
   int64_t pending_ GUARDED_BY(mu_) = 0;
@@ -140,6 +171,10 @@ class Batcher {
   std::vector<float> last_rows_;  // tail: finished steps' last rows
   std::vector<float> logits_;     // tail: their logits (k, vocab)
   BatchView view_;
+  // Leader only: batch costs, and the decode steps seen (for prompt chunks).
+  BatchCostModel cost_ GUARDED_BY(mu_);
+  Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
+  double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
 };
 
 }  // namespace meshnet::node

@@ -3,13 +3,17 @@
 // sleeps), then run as one batch the observer sees; their logits agree with
 // the same steps run alone, a long prompt runs in chunks between other
 // sessions' decode steps, the limits and the FIFO order hold, and a cancelled
-// step leaves its batch without touching the others.
+// step leaves its batch without touching the others. Scheduling: decode steps
+// go first, prompt rows are bounded while sessions decode, batching off runs
+// sessions' steps at once, and the cost model fits what batches cost.
 #include "node/batcher.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -240,12 +244,128 @@ TEST(Batcher, CancelledStepLeavesItsBatchAlone) {
       std::holds_alternative<shard::TailOutput>(StepOf(node, Decode(c, Tail(c0).token_id, 4))));
 }
 
+// max_batch_sessions 1 does not serialize the node: while one session's step
+// is inside its (one-session) batch, another session's step runs too. The
+// observer holds the first batch until it sees the second (bounded wait: with
+// a node-wide queue the second could only start after the first, and the test
+// fails after the bound instead of hanging).
+TEST(Batcher, BatchingOffRunsSessionsAtOnce) {
+  ThreadPool pool(2);
+  Node node(File(), WholeModel({.max_batch_sessions = 1}), &pool);
+  const std::string a = RandomId128(), b = RandomId128();
+  std::mutex mu;
+  std::condition_variable cv;
+  int seen = 0;
+  bool overlapped = false;
+  node.batcher().SetObserver([&](const BatchView& v) {
+    std::unique_lock<std::mutex> lock(mu);
+    ++seen;
+    cv.notify_all();
+    if (v.session_ids == std::vector<std::string>{a}) {
+      overlapped = cv.wait_for(lock, std::chrono::seconds(20), [&] { return seen >= 2; });
+    }
+  });
+  StepResult ra, rb;
+  std::thread ta([&] { ra = StepOf(node, Prefill(a, PromptOf(0, 4))); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return seen >= 1; });  // a is in its batch
+  }
+  rb = StepOf(node, Prefill(b, PromptOf(1, 4)));
+  ta.join();
+  EXPECT_TRUE(overlapped) << "b's step waited for a's";
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), nullptr);
+  ExpectLogitsNear(ra, StepOf(alone, Prefill(a, PromptOf(0, 4))), "a");
+  ExpectLogitsNear(rb, StepOf(alone, Prefill(b, PromptOf(1, 4))), "b");
+  EXPECT_EQ(node.batcher().stats().max_sessions.load(), 1);
+}
+
+// Batching off keeps the test hooks: held steps queue (WaitPending sees them)
+// and run after Resume.
+TEST(Batcher, BatchingOffHonoursHold) {
+  Node node(File(), WholeModel({.max_batch_sessions = 1}), nullptr);
+  Recorder rec(node);
+  const std::vector<StepResult> got = RunHeld(
+      node, {Prefill(RandomId128(), PromptOf(0, 3)), Prefill(RandomId128(), PromptOf(1, 5))});
+  for (const StepResult& r : got) EXPECT_TRUE(std::holds_alternative<shard::TailOutput>(r));
+  EXPECT_EQ(rec.Take().size(), 2u);
+}
+
+// With the session limit reached, decode steps go before younger prompts (the
+// oldest step goes first whatever it is), and a batch keeps arrival order.
+TEST(Batcher, DecodeStepsGoFirst) {
+  Node node(File(), WholeModel({.max_batch_sessions = 2}), nullptr);
+  Recorder rec(node);
+  const std::string p1 = RandomId128(), p2 = RandomId128(), d = RandomId128();
+  const StepResult d0 = StepOf(node, Prefill(d, PromptOf(0, 3)));
+  rec.Take();
+  RunHeld(node, {Prefill(p1, PromptOf(1, 4)), Prefill(p2, PromptOf(2, 4)),
+                 Decode(d, Tail(d0).token_id, 3)});
+  const std::vector<BatchView> b = rec.Take();
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].session_ids, (std::vector<std::string>{p1, d}));
+  EXPECT_EQ(b[1].session_ids, std::vector<std::string>{p2});
+}
+
+// While a session decodes, a long prompt's rows per batch are bounded by the
+// decode batch's time (prefill_share; a tiny share leaves the floor of 4
+// rows) instead of prefill_chunk; with nobody decoding, it runs whole.
+TEST(Batcher, PromptRowsBoundedWhileSessionsDecode) {
+  Node node(File(), WholeModel({.prefill_share = 1e-9}), nullptr);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), nullptr);
+  Recorder rec(node);
+  const std::string p = RandomId128(), q = RandomId128(), d = RandomId128();
+  const StepResult whole = StepOf(node, Prefill(q, PromptOf(3, 18)));
+  const std::vector<BatchView> first = rec.Take();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].rows, std::vector<int64_t>{18});
+  const StepResult d0 = StepOf(node, Prefill(d, PromptOf(1, 3)));
+  rec.Take();
+  StepOf(alone, Prefill(d, PromptOf(1, 3)));
+  const std::vector<StepResult> got =
+      RunHeld(node, {Prefill(p, PromptOf(2, 18)), Decode(d, Tail(d0).token_id, 3)});
+  ExpectLogitsNear(got[0], StepOf(alone, Prefill(p, PromptOf(2, 18))), "bounded prompt");
+  ExpectLogitsNear(got[1], StepOf(alone, Decode(d, Tail(d0).token_id, 3)), "decode beside it");
+  const std::vector<BatchView> b = rec.Take();
+  ASSERT_GE(b.size(), 2u);
+  EXPECT_EQ(b[0].session_ids, (std::vector<std::string>{p, d}));
+  EXPECT_EQ(b[0].rows, (std::vector<int64_t>{BatchOptions::kMinPrefillRows, 1}));
+  int64_t rows = 0;
+  for (const BatchView& v : b) {
+    for (int64_t r : v.rows) rows += r;
+  }
+  EXPECT_EQ(rows, 18 + 1);
+}
+
+TEST(BatchCostModel, FitsFixedAndPerRowCost) {
+  BatchCostModel m;
+  EXPECT_FALSE(m.ready());
+  for (int i = 0; i < 20; ++i) m.Add(1 + (i % 4) * 5, 0.010 + 0.001 * (1 + (i % 4) * 5));
+  ASSERT_TRUE(m.ready());
+  EXPECT_NEAR(m.PerRow(), 0.001, 1e-9);
+  EXPECT_NEAR(m.Seconds(8), 0.018, 1e-9);
+  EXPECT_EQ(m.RowsWithin(0.0105), 10);
+  EXPECT_EQ(m.RowsWithin(0), 0);
+}
+
+// Batches of one size cannot separate fixed from per-row cost: it is all
+// counted per row (smaller chunks, never larger), and the fit follows drift.
+TEST(BatchCostModel, SameRowsCountAsPerRowAndDriftIsFollowed) {
+  BatchCostModel m;
+  for (int i = 0; i < 5; ++i) m.Add(8, 0.016);
+  EXPECT_NEAR(m.PerRow(), 0.002, 1e-12);
+  EXPECT_NEAR(m.Seconds(8), 0.016, 1e-12);
+  for (int i = 0; i < 60; ++i) m.Add(8, 0.032);
+  EXPECT_NEAR(m.PerRow(), 0.004, 1e-4);
+}
+
 TEST(BatchOptions, RejectsOutOfRangeValues) {
   EXPECT_NO_THROW(BatchOptions{}.Validate());
   for (const BatchOptions& bad :
        {BatchOptions{.max_batch_tokens = 0}, BatchOptions{.max_batch_sessions = 0},
         BatchOptions{.prefill_chunk = 0}, BatchOptions{.max_batch_tokens = (1 << 16) + 1},
-        BatchOptions{.max_batch_sessions = 5000}}) {
+        BatchOptions{.max_batch_sessions = 5000}, BatchOptions{.prefill_share = -0.1},
+        BatchOptions{.prefill_share = 17}}) {
     EXPECT_THROW(bad.Validate(), Error);
   }
 }

@@ -1,0 +1,44 @@
+// BatchCostModel implementation. See batch_cost.h.
+#include "node/batch_cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshnet::node {
+
+void BatchCostModel::Add(int64_t rows, double seconds) {
+  if (rows < 1 || !(seconds >= 0)) return;
+  const auto x = static_cast<double>(rows);
+  w_ = forget_ * w_ + 1;
+  sx_ = forget_ * sx_ + x;
+  sy_ = forget_ * sy_ + seconds;
+  sxx_ = forget_ * sxx_ + x * x;
+  sxy_ = forget_ * sxy_ + x * seconds;
+}
+
+double BatchCostModel::PerRow() const {
+  if (w_ <= 0) return 0;
+  const double mx = sx_ / w_, my = sy_ / w_;
+  const double mean_cost = my / mx;  // every second counted per row
+  const double var = sxx_ / w_ - mx * mx;
+  if (var < 0.25) return mean_cost;  // rows too alike to tell a from b
+  const double b = (sxy_ / w_ - mx * my) / var;
+  // Noise can make the slope tiny or negative; a row never costs less than
+  // a 1/64 of the mean per-row cost here, nor more than all of a batch's time.
+  return std::clamp(b, mean_cost / 64, my);
+}
+
+double BatchCostModel::Fixed() const {
+  if (w_ <= 0) return 0;
+  return std::max(0.0, sy_ / w_ - PerRow() * sx_ / w_);
+}
+
+double BatchCostModel::Seconds(double rows) const { return Fixed() + PerRow() * rows; }
+
+int64_t BatchCostModel::RowsWithin(double seconds) const {
+  const double b = PerRow();
+  if (b <= 0 || !(seconds > 0)) return 0;
+  return static_cast<int64_t>(std::min(std::floor(seconds / b), 1e9));
+}
+
+}  // namespace meshnet::node

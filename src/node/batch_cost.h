@@ -1,0 +1,44 @@
+// BatchCostModel: what a batch of n rows costs on this node, learned from the
+// batches it ran (node::Batcher sizes prompt chunks with it).
+//
+// A batch's time is modelled as a + b * rows: `a` is what any forward pass
+// pays whatever its rows (with memory-bound decode kernels, one pass over the
+// weights), `b` what each row adds. Both come from a least-squares fit over the
+// recent batches, older ones weighted down by `forget` per batch (load on a
+// shared machine and the kernels' behaviour drift; the fit follows). With too
+// little spread in the rows seen to separate a from b, all the time is taken
+// as per-row cost (the conservative reading: chunks come out smaller).
+//
+// Written here rather than taken from a library: five running sums; no
+// packaged library offers an online weighted linear fit.
+//
+// Thread-safety: none (the batcher's leader is its only user).
+#pragma once
+
+#include <cstdint>
+
+namespace meshnet::node {
+
+class BatchCostModel {
+ public:
+  explicit BatchCostModel(double forget = 0.9) : forget_(forget) {}
+
+  // One batch of `rows` rows that took `seconds`.
+  void Add(int64_t rows, double seconds);
+  // True once a batch was seen.
+  bool ready() const { return w_ > 0; }
+  // Fitted seconds of a batch of `rows` rows (0 before any batch).
+  double Seconds(double rows) const;
+  // Fitted seconds each row adds (> 0 once ready).
+  double PerRow() const;
+  // Rows that add at most `seconds` to a batch (>= 0).
+  int64_t RowsWithin(double seconds) const;
+
+ private:
+  double Fixed() const;
+
+  double forget_;
+  double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+};
+
+}  // namespace meshnet::node
