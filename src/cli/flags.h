@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/common.h"
 #include "node/batcher.h"
 
 namespace meshnet::cli {
@@ -34,5 +35,25 @@ struct BatchFlags {
 std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std::string& whose);
 // The options, validated: out of range throws kInvalidArgument (exit 2).
 node::BatchOptions BatchOptionsFrom(const BatchFlags& f);
+
+// --auth-token, --tls-cert, --tls-key and --tls-ca of a server (`serve`,
+// `registry`): how its callers prove themselves.
+struct ServerSecurityFlags {
+  std::string auth_token;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+};
+// Adds the four flags to `sub`, in that order (`auth_help`: --auth-token's help).
+void AddServerSecurityFlags(CLI::App* sub, ServerSecurityFlags* f, const std::string& auth_help);
+// Copies them into a server's options (rpc::NodeServerOptions,
+// rpc::RegistryServerOptions); the token from $MESHNET_AUTH_TOKEN if no flag.
+template <typename ServerOptions>
+void CopyServerSecurityFlags(const ServerSecurityFlags& f, ServerOptions* o) {
+  o->auth_token = AuthTokenOrEnv(f.auth_token);
+  o->tls_cert = f.tls_cert;
+  o->tls_key = f.tls_key;
+  o->tls_ca = f.tls_ca;
+}
 
 }  // namespace meshnet::cli
