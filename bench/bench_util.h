@@ -54,6 +54,28 @@ inline std::string MakeLlama768(const std::filesystem::path& dir, const std::str
   return path;
 }
 
+// The same model (general.name "meshnet-random", context 1024, the shipped
+// tokenizer `tokenizer_from`), kept across runs as
+// $MESHNET_BENCH_DIR/llama768-<TYPE>.gguf (default dir /tmp/meshnet-bench):
+// written once, to a temporary name first, so a run cut short leaves no half file.
+inline std::string CachedLlama768(GgmlType type, const std::string& tokenizer_from) {
+  const char* dir_env = std::getenv("MESHNET_BENCH_DIR");
+  const std::filesystem::path dir = dir_env ? dir_env : "/tmp/meshnet-bench";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path =
+      dir / (std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + ".gguf");
+  if (!std::filesystem::exists(path)) {
+    gguf::MakeModelOptions o;  // 768-dim, 12 layers, 12 heads, n_ff 2048
+    o.type = type;
+    o.seed = 7;
+    o.context = 1024;
+    const std::string tmp = path.string() + ".tmp" + std::to_string(getpid());
+    gguf::MakeModel(o, tokenizer_from, tmp);
+    std::filesystem::rename(tmp, path);
+  }
+  return path.string();
+}
+
 // CPU seconds (user + system) this process has used.
 inline double SelfCpuSeconds() {
   timespec ts;
