@@ -56,4 +56,25 @@ void CopyServerSecurityFlags(const ServerSecurityFlags& f, ServerOptions* o) {
   o->tls_ca = f.tls_ca;
 }
 
+// --auth-token, --tls-ca, --tls-cert and --tls-key of a client of nodes or of
+// a registry (`generate`, `api` as --node-tls-*, `status`, `admin drain`).
+struct ClientSecurityFlags {
+  std::string auth_token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+};
+// Adds the four flags to `sub`, in that order, with the help texts given for
+// the token and the CA (the certificate and key say "for mutual TLS").
+void AddClientSecurityFlags(CLI::App* sub, ClientSecurityFlags* f, const std::string& auth_help,
+                            const std::string& ca_help);
+// Copies them, the token as given, into rpc::ClientOptions.
+template <typename ClientOptions>
+void CopyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions* o) {
+  o->auth_token = f.auth_token;
+  o->tls_ca = f.tls_ca;
+  o->tls_cert = f.tls_cert;
+  o->tls_key = f.tls_key;
+}
+
 }  // namespace meshnet::cli

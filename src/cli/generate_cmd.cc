@@ -47,10 +47,7 @@ struct GenerateFlags {
   std::string output = "text";
   std::string nodes;
   std::string registry;
-  std::string auth_token;
-  std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  ClientSecurityFlags client;
   double timeout_s = 30.0;
   bool no_bos = false;
   bool special = false;
@@ -169,10 +166,7 @@ GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
   }
 #ifdef MESHNET_WITH_RPC
   rpc::ClientOptions co;
-  co.auth_token = f.auth_token;
-  co.tls_ca = f.tls_ca;
-  co.tls_cert = f.tls_cert;
-  co.tls_key = f.tls_key;
+  CopyClientSecurityFlags(f.client, &co);
   co.timeout_s = f.timeout_s;
   co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
   co.Validate();
@@ -306,10 +300,8 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
   sub->add_option("--registry", f->registry,
                   "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet "
                   "registry) or etcd://HOST:PORT/prefix");
-  sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
-  sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
-  sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
-  sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+  AddClientSecurityFlags(sub, &f->client, "Cluster token sent to the nodes",
+                         "CA certificate (PEM) to verify nodes over TLS");
   sub->add_option("--timeout", f->timeout_s,
                   "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
       ->capture_default_str();
