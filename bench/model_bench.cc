@@ -195,22 +195,19 @@ void BM_CachedVsReprefill512(benchmark::State& state) {
 constexpr int64_t kF32 = static_cast<int64_t>(GgmlType::kF32);
 constexpr int64_t kQ8 = static_cast<int64_t>(GgmlType::kQ8_0);
 
-BENCHMARK(BM_Decode)
-    ->ArgNames({"type", "shards"})
-    ->Args({kF32, 1})
-    ->Args({kF32, 3})
-    ->Args({kQ8, 1})
-    ->Args({kQ8, 3})
-    ->Iterations(2)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Prefill)
-    ->ArgNames({"type", "shards"})
-    ->Args({kF32, 1})
-    ->Args({kF32, 3})
-    ->Args({kQ8, 1})
-    ->Args({kQ8, 3})
-    ->Iterations(2)
-    ->Unit(benchmark::kMillisecond);
+// F32 and Q8_0, each on 1 and 3 shards, two iterations.
+void TypesAndShards(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "shards"})
+      ->Args({kF32, 1})
+      ->Args({kF32, 3})
+      ->Args({kQ8, 1})
+      ->Args({kQ8, 3})
+      ->Iterations(2)
+      ->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(BM_Decode)->Apply(TypesAndShards);
+BENCHMARK(BM_Prefill)->Apply(TypesAndShards);
 BENCHMARK(BM_CachedVsReprefill512)
     ->ArgNames({"type"})
     ->Arg(kF32)
