@@ -29,6 +29,7 @@
 
 #include "api/engine.h"
 #include "api/server.h"
+#include "bench_util.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/make_model.h"
 #include "mesh/in_process.h"
@@ -100,36 +101,13 @@ Fixture& Tiny() {
   return f;
 }
 
-// A fresh temporary directory removed at exit (the model is never kept).
-struct TempDir {
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "api_bench.XXXXXX").string();
-    if (mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::filesystem::path path;
-};
-
-// 768-dim, 12 layers, Q8_0 with the shipped tokenizer: the same as
-//   meshnet make-model --n-embd 768 --n-layers 12 --type q8_0 --seed 7 \
-//     --context 1024 --tokenizer-from models/stories260K.gguf --out OUT
-std::string MakeRealModel(const TempDir& dir) {
-  meshnet::gguf::MakeModelOptions o;  // defaults: 768-dim, 12 layers, 12 heads, ff 2048, Q8_0
-  o.name = "llama768-q8_0";
-  o.seed = 7;
-  o.context = 1024;
-  const std::string path = (dir.path / "llama768-q8_0.gguf").string();
-  meshnet::gguf::MakeModel(o, MESHNET_SHIPPED_MODEL, path);
-  return path;
-}
-
+// 768-dim, 12 layers, Q8_0 with the shipped tokenizer.
 Fixture& Real() {
-  static TempDir dir;  // constructed before `f`, so destroyed after it
-  static Fixture f({MakeRealModel(dir), "llama768-q8_0", 8});
+  static meshnet::bench::TempDir dir("api_bench");  // constructed before `f`, so destroyed after it
+  static Fixture f(
+      {meshnet::bench::MakeLlama768(dir.path, "llama768-q8_0", meshnet::GgmlType::kQ8_0, 1024,
+                                    MESHNET_SHIPPED_MODEL),
+       "llama768-q8_0", 8});
   return f;
 }
 

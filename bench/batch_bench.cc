@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/make_model.h"
 #include "node/identity.h"
@@ -48,21 +49,7 @@ ThreadPool* Pool() {
 }
 
 std::string ModelPath(GgmlType type) {
-  const char* dir_env = std::getenv("MESHNET_BENCH_DIR");
-  const std::filesystem::path dir = dir_env ? dir_env : "/tmp/meshnet-bench";
-  std::filesystem::create_directories(dir);
-  const std::filesystem::path path =
-      dir / (std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + ".gguf");
-  if (!std::filesystem::exists(path)) {
-    gguf::MakeModelOptions o;  // 768-dim, 12 layers, 12 heads, n_ff 2048
-    o.type = type;
-    o.seed = 7;
-    o.context = 1024;
-    const std::string tmp = path.string() + ".tmp" + std::to_string(getpid());
-    gguf::MakeModel(o, std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf", tmp);
-    std::filesystem::rename(tmp, path);
-  }
-  return path.string();
+  return bench::CachedLlama768(type, std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf");
 }
 
 std::shared_ptr<const gguf::GgufFile> File(GgmlType type) {

@@ -30,6 +30,7 @@
 #include <random>
 #include <thread>
 
+#include "bench_util.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/make_model.h"
 #include "node/identity.h"
@@ -44,28 +45,11 @@ namespace {
 
 using namespace meshnet;  // NOLINT: a benchmark
 
-struct TempDir {
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "migration_bench.XXXXXX").string();
-    if (mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::filesystem::path path;
-};
-
 std::shared_ptr<const gguf::GgufFile> Model() {
-  static TempDir dir;
+  static bench::TempDir dir("migration_bench");
   static auto file = [] {
-    gguf::MakeModelOptions o;  // 768-dim, 12 layers, 12 heads, ff 2048, Q8_0
-    o.name = "llama768-q8_0";
-    o.seed = 7;
-    o.context = 1024;
-    const std::string path = (dir.path / "llama768-q8_0.gguf").string();
-    gguf::MakeModel(o, MESHNET_SHIPPED_MODEL, path);
+    const std::string path = bench::MakeLlama768(dir.path, "llama768-q8_0", GgmlType::kQ8_0, 1024,
+                                                 MESHNET_SHIPPED_MODEL);
     return std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
   }();
   return file;

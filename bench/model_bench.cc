@@ -18,6 +18,7 @@
 #include <numeric>
 #include <vector>
 
+#include "bench_util.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/make_model.h"
 #include "mesh/generator.h"
@@ -35,27 +36,7 @@ ThreadPool* Pool() {
 }
 
 std::string ModelPath(GgmlType type) {
-  const char* dir_env = std::getenv("MESHNET_BENCH_DIR");
-  const std::filesystem::path dir = dir_env ? dir_env : "/tmp/meshnet-bench";
-  std::filesystem::create_directories(dir);
-  const std::string name =
-      std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + ".gguf";
-  const std::filesystem::path path = dir / name;
-  if (!std::filesystem::exists(path)) {
-    gguf::MakeModelOptions o;
-    o.n_embd = 768;
-    o.n_layers = 12;
-    o.n_heads = 12;
-    o.n_kv_heads = 12;
-    o.n_ff = 2048;
-    o.type = type;
-    o.seed = 7;
-    o.context = 1024;
-    gguf::MakeModel(o, std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf",
-                    path.string() + ".tmp");
-    std::filesystem::rename(path.string() + ".tmp", path);
-  }
-  return path.string();
+  return bench::CachedLlama768(type, std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf");
 }
 
 std::shared_ptr<const gguf::GgufFile> Model(GgmlType type) {
@@ -214,22 +195,19 @@ void BM_CachedVsReprefill512(benchmark::State& state) {
 constexpr int64_t kF32 = static_cast<int64_t>(GgmlType::kF32);
 constexpr int64_t kQ8 = static_cast<int64_t>(GgmlType::kQ8_0);
 
-BENCHMARK(BM_Decode)
-    ->ArgNames({"type", "shards"})
-    ->Args({kF32, 1})
-    ->Args({kF32, 3})
-    ->Args({kQ8, 1})
-    ->Args({kQ8, 3})
-    ->Iterations(2)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Prefill)
-    ->ArgNames({"type", "shards"})
-    ->Args({kF32, 1})
-    ->Args({kF32, 3})
-    ->Args({kQ8, 1})
-    ->Args({kQ8, 3})
-    ->Iterations(2)
-    ->Unit(benchmark::kMillisecond);
+// F32 and Q8_0, each on 1 and 3 shards, two iterations.
+void TypesAndShards(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "shards"})
+      ->Args({kF32, 1})
+      ->Args({kF32, 3})
+      ->Args({kQ8, 1})
+      ->Args({kQ8, 3})
+      ->Iterations(2)
+      ->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(BM_Decode)->Apply(TypesAndShards);
+BENCHMARK(BM_Prefill)->Apply(TypesAndShards);
 BENCHMARK(BM_CachedVsReprefill512)
     ->ArgNames({"type"})
     ->Arg(kF32)

@@ -44,6 +44,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench_util.h"
 #include "gguf/gguf_reader.h"
 #include "gguf/make_model.h"
 #include "mesh/in_process.h"
@@ -114,23 +115,8 @@ void ParseFlags(int* argc, char** argv) {
   *argc = kept;
 }
 
-// A fresh temporary directory removed at exit (the models are never kept).
-struct TempDir {
-  TempDir() {
-    std::string t =
-        (std::filesystem::temp_directory_path() / "multi_session_bench.XXXXXX").string();
-    if (mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::filesystem::path path;
-};
-
-TempDir& Dir() {
-  static TempDir dir;
+bench::TempDir& Dir() {
+  static bench::TempDir dir("multi_session_bench");
   return dir;
 }
 
@@ -147,35 +133,13 @@ std::string ModelPath(const std::string& type) {
   static std::map<std::string, std::string> made;
   auto it = made.find(type);
   if (it != made.end()) return it->second;
-  gguf::MakeModelOptions o;  // 768-dim, 12 layers, 12 heads, ff 2048
-  o.type = TypeOf(type);
-  o.name = "llama768-" + type;
-  o.seed = 7;
-  o.context = 4096;  // room for the mixed load's long prompt
-  const std::string path = (Dir().path / (o.name + ".gguf")).string();
-  gguf::MakeModel(o, MESHNET_SHIPPED_MODEL, path);
-  return made[type] = path;
+  // context 4096: room for the mixed load's long prompt
+  return made[type] = bench::MakeLlama768(Dir().path, "llama768-" + type, TypeOf(type), 4096,
+                                          MESHNET_SHIPPED_MODEL);
 }
 
-// CPU seconds (user + system) this process has used.
-double SelfCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-// CPU seconds (utime + stime) of another process, from /proc/<pid>/stat.
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "(comm) "
-  std::string f;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(f);
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
+using bench::ProcessCpuSeconds;
+using bench::SelfCpuSeconds;
 
 // A route for one model: the in-process node or three serve processes;
 // "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),

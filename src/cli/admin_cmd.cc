@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/flags.h"
 #include "rpc/drain.h"
 #include "rpc/remote.h"
 #include "util/error.h"
@@ -21,19 +22,14 @@ namespace {
 struct DrainFlags {
   std::string address;
   std::string to;
-  std::string auth_token;
-  std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  ClientSecurityFlags client;
   double timeout_s = 60.0;
 };
 
 int RunDrain(const DrainFlags& f) {
   rpc::ClientOptions co;
-  co.auth_token = AuthTokenOrEnv(f.auth_token);
-  co.tls_ca = f.tls_ca;
-  co.tls_cert = f.tls_cert;
-  co.tls_key = f.tls_key;
+  CopyClientSecurityFlags(f.client, &co);
+  co.auth_token = AuthTokenOrEnv(f.client.auth_token);
   co.timeout_s = f.timeout_s;
   co.Validate();
   const std::string address = rpc::ParseNodeList(f.address).at(0);
@@ -61,11 +57,8 @@ const CommandRegistrar kRegistrar(
        drain->add_option("--to", f->to,
                          "host:port,... of replicas of the same layer range (none: every "
                          "session ends)");
-       drain->add_option("--auth-token", f->auth_token,
-                         "Cluster token (default: $MESHNET_AUTH_TOKEN)");
-       drain->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify the node");
-       drain->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
-       drain->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+       AddClientSecurityFlags(drain, &f->client, "Cluster token (default: $MESHNET_AUTH_TOKEN)",
+                              "CA certificate (PEM) to verify the node");
        drain->add_option("--timeout", f->timeout_s, "Deadline of the whole drain in seconds")
            ->capture_default_str();
        drain->callback([f, exit_code] { *exit_code = RunDrain(*f); });

@@ -49,10 +49,7 @@ struct ApiFlags {
   int threads = 0;
   std::string nodes;
   std::string registry;
-  std::string auth_token;
-  std::string node_tls_ca;
-  std::string node_tls_cert;
-  std::string node_tls_key;
+  ClientSecurityFlags nodes_client;  // --auth-token, --node-tls-*
   double timeout_s = 30.0;
   std::string api_key;
   std::string tls_cert;
@@ -129,10 +126,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
   }
 #ifdef MESHNET_WITH_RPC
   rpc::ClientOptions co;
-  co.auth_token = f.auth_token;
-  co.tls_ca = f.node_tls_ca;
-  co.tls_cert = f.node_tls_cert;
-  co.tls_key = f.node_tls_key;
+  CopyClientSecurityFlags(f.nodes_client, &co);
   co.timeout_s = f.timeout_s;
   if (!f.registry.empty()) co.expected_model_id = node::ModelIdentity(*file);  // routed by id
   r.remote = MakeNodeRouteProvider(f.nodes, f.registry, co);
@@ -252,10 +246,11 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--registry", f->registry,
                   "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet registry) "
                   "or etcd://HOST:PORT/prefix");
-  sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
-  sub->add_option("--node-tls-ca", f->node_tls_ca, "CA certificate (PEM) to verify nodes");
-  sub->add_option("--node-tls-cert", f->node_tls_cert, "Client certificate (PEM) for the nodes");
-  sub->add_option("--node-tls-key", f->node_tls_key, "Client private key (PEM) for the nodes");
+  ClientSecurityFlags& nc = f->nodes_client;
+  sub->add_option("--auth-token", nc.auth_token, "Cluster token sent to the nodes");
+  sub->add_option("--node-tls-ca", nc.tls_ca, "CA certificate (PEM) to verify nodes");
+  sub->add_option("--node-tls-cert", nc.tls_cert, "Client certificate (PEM) for the nodes");
+  sub->add_option("--node-tls-key", nc.tls_key, "Client private key (PEM) for the nodes");
   sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes/--registry")
       ->capture_default_str();
   sub->add_option("--api-key", f->api_key,

@@ -54,4 +54,19 @@ node::BatchOptions BatchOptionsFrom(const BatchFlags& f) {
   return o;
 }
 
+void AddServerSecurityFlags(CLI::App* sub, ServerSecurityFlags* f, const std::string& auth_help) {
+  sub->add_option("--auth-token", f->auth_token, auth_help);
+  sub->add_option("--tls-cert", f->tls_cert, "Server certificate chain (PEM); enables TLS");
+  sub->add_option("--tls-key", f->tls_key, "Server private key (PEM)");
+  sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
+}
+
+void AddClientSecurityFlags(CLI::App* sub, ClientSecurityFlags* f, const std::string& auth_help,
+                            const std::string& ca_help) {
+  sub->add_option("--auth-token", f->auth_token, auth_help);
+  sub->add_option("--tls-ca", f->tls_ca, ca_help);
+  sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
+  sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+}
+
 }  // namespace meshnet::cli

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/common.h"
 #include "node/batcher.h"
 
 namespace meshnet::cli {
@@ -35,5 +36,46 @@ struct BatchFlags {
 std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std::string& whose);
 // The options, validated: out of range throws kInvalidArgument (exit 2).
 node::BatchOptions BatchOptionsFrom(const BatchFlags& f);
+
+// --auth-token, --tls-cert, --tls-key and --tls-ca of a server (`serve`,
+// `registry`): how its callers prove themselves.
+struct ServerSecurityFlags {
+  std::string auth_token;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+};
+// Adds the four flags to `sub`, in that order (`auth_help`: --auth-token's help).
+void AddServerSecurityFlags(CLI::App* sub, ServerSecurityFlags* f, const std::string& auth_help);
+// Copies them into a server's options (rpc::NodeServerOptions,
+// rpc::RegistryServerOptions); the token from $MESHNET_AUTH_TOKEN if no flag.
+template <typename ServerOptions>
+void CopyServerSecurityFlags(const ServerSecurityFlags& f, ServerOptions* o) {
+  o->auth_token = AuthTokenOrEnv(f.auth_token);
+  o->tls_cert = f.tls_cert;
+  o->tls_key = f.tls_key;
+  o->tls_ca = f.tls_ca;
+}
+
+// --auth-token, --tls-ca, --tls-cert and --tls-key of a client of nodes or of
+// a registry (`generate`, `api` as --node-tls-*, `status`, `admin drain`).
+struct ClientSecurityFlags {
+  std::string auth_token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+};
+// Adds the four flags to `sub`, in that order, with the help texts given for
+// the token and the CA (the certificate and key say "for mutual TLS").
+void AddClientSecurityFlags(CLI::App* sub, ClientSecurityFlags* f, const std::string& auth_help,
+                            const std::string& ca_help);
+// Copies them, the token as given, into rpc::ClientOptions.
+template <typename ClientOptions>
+void CopyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions* o) {
+  o->auth_token = f.auth_token;
+  o->tls_ca = f.tls_ca;
+  o->tls_cert = f.tls_cert;
+  o->tls_key = f.tls_key;
+}
 
 }  // namespace meshnet::cli

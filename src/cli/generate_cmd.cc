@@ -47,10 +47,7 @@ struct GenerateFlags {
   std::string output = "text";
   std::string nodes;
   std::string registry;
-  std::string auth_token;
-  std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  ClientSecurityFlags client;
   double timeout_s = 30.0;
   bool no_bos = false;
   bool special = false;
@@ -169,10 +166,7 @@ GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
   }
 #ifdef MESHNET_WITH_RPC
   rpc::ClientOptions co;
-  co.auth_token = f.auth_token;
-  co.tls_ca = f.tls_ca;
-  co.tls_cert = f.tls_cert;
-  co.tls_key = f.tls_key;
+  CopyClientSecurityFlags(f.client, &co);
   co.timeout_s = f.timeout_s;
   co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
   co.Validate();
@@ -244,90 +238,99 @@ int RunGenerate(const GenerateFlags& f) {
   return RunOneGeneration(f, *route.provider, tokenizer, prompt_ids, options);
 }
 
+// The prompt, the model, sampling and the in-process route's flags (help
+// order); appends the in-process ones to *in_process.
+void AddGenerateModelFlags(CLI::App* sub, GenerateFlags* f, std::vector<CLI::Option*>* in_process) {
+  sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
+  sub->add_option("--model,-m", f->model,
+                  "GGUF model file (default: models/stories260K.gguf, looked up in the "
+                  "current directory, then above the executable)");
+  auto* shards = sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
+                     ->capture_default_str()
+                     ->check(IntRange(1, kMaxShards));
+  auto* split = sub->add_option("--split", f->split,
+                                "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
+  sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")
+      ->capture_default_str()
+      ->check(IntRange(0, kMaxGenerateTokens));
+  sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")
+      ->capture_default_str();
+  sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")
+      ->capture_default_str()
+      ->check(IntRange(0, 1 << 30));
+  sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")
+      ->capture_default_str();
+  auto* budget = sub->add_option("--kv-budget", f->kv_budget,
+                                 "KV byte budget per in-process shard, e.g. 64MiB")
+                     ->capture_default_str();
+  auto* dtype = sub->add_option("--kv-dtype", f->kv_dtype,
+                                "KV cache dtype of the in-process shards: float32, float16 "
+                                "or bfloat16 (or f32, f16, bf16)")
+                    ->capture_default_str();
+  auto* parity =
+      sub->add_flag("--ggml-parity", f->ggml_parity,
+                    "Compute as llama.cpp's CPU backend does (its default attention, norms, RoPE, "
+                    "SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy text; "
+                    "needs --kv-dtype f16; slower");
+  auto* threads = sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+                      ->capture_default_str()
+                      ->check(IntRange(0, kMaxThreads));
+  in_process->insert(in_process->end(), {shards, split, budget, dtype, parity, threads});
+}
+
+// Output, load mode and the remote route's flags; returns --sessions.
+CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
+  sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
+  sub->add_flag("--no-bos", f->no_bos,
+                "Add no BOS/EOS (default: as the model's add_bos/add_eos say)");
+  sub->add_flag("--special", f->special, "Parse control tokens (e.g. <|im_start|>) in the prompt");
+  sub->add_option("--dump-logits", f->dump_logits,
+                  "Write each step's logits to this file, one JSON array per line");
+  sub->add_option("--ctx", f->ctx,
+                  "Context length to stay within (0 = the model's); a longer prompt is "
+                  "refused, generation stops when it is full")
+      ->capture_default_str()
+      ->check(IntRange(0, 1 << 30));
+  CLI::Option* sessions = sub->add_option(
+      "--sessions", f->sessions,
+      "Load mode: run N (1-1024) concurrent sessions of the prompt through one client and "
+      "print each one's output and the aggregate tokens/s, TTFT and inter-token latency");
+  sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
+  sub->add_option("--registry", f->registry,
+                  "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet "
+                  "registry) or etcd://HOST:PORT/prefix");
+  AddClientSecurityFlags(sub, &f->client, "Cluster token sent to the nodes",
+                         "CA certificate (PEM) to verify nodes over TLS");
+  sub->add_option("--timeout", f->timeout_s,
+                  "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
+      ->capture_default_str();
+  return sessions;
+}
+
+void SetupGenerate(CLI::App* sub, int* exit_code) {
+  auto f = std::make_shared<GenerateFlags>();
+  std::vector<CLI::Option*> in_process;
+  AddGenerateModelFlags(sub, f.get(), &in_process);
+  CLI::Option* sessions = AddGenerateOutputFlags(sub, f.get());
+  for (CLI::Option* o : AddBatchFlags(sub, &f->batch, "each in-process shard")) {
+    in_process.push_back(o);
+  }
+  sub->callback([=] {
+    f->load = sessions->count() > 0;
+    for (const CLI::Option* o : in_process) {
+      if (o->count() == 0) continue;
+      f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
+    }
+    *exit_code = RunGenerate(*f);
+  });
+}
+
 const CommandRegistrar kRegistrar(
     {"generate",
      "Generate text over a route of shards (in-process by default, gRPC nodes with --nodes or "
      "--registry)",
-     [](CLI::App* sub, int* exit_code) {
-       auto f = std::make_shared<GenerateFlags>();
-       sub->add_option("--prompt,-p", f->prompt, "Prompt text")->required();
-       sub->add_option("--model,-m", f->model,
-                       "GGUF model file (default: models/stories260K.gguf, looked up in the "
-                       "current directory, then above the executable)");
-       auto* shards =
-           sub->add_option("--shards", f->shards, "Number of in-process shards (even split)")
-               ->capture_default_str()
-               ->check(IntRange(1, kMaxShards));
-       auto* split = sub->add_option(
-           "--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4 (overrides --shards)");
-       sub->add_option("--max-tokens,-n", f->max_tokens, "Tokens to generate")
-           ->capture_default_str()
-           ->check(IntRange(0, kMaxGenerateTokens));
-       sub->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")
-           ->capture_default_str();
-       sub->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = all)")
-           ->capture_default_str()
-           ->check(IntRange(0, 1 << 30));
-       sub->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1]")
-           ->capture_default_str();
-       sub->add_option("--seed", f->seed, "Sampling seed (same seed, same tokens)")
-           ->capture_default_str();
-       auto* budget = sub->add_option("--kv-budget", f->kv_budget,
-                                      "KV byte budget per in-process shard, e.g. 64MiB")
-                          ->capture_default_str();
-       auto* dtype = sub->add_option("--kv-dtype", f->kv_dtype,
-                                     "KV cache dtype of the in-process shards: float32, float16 "
-                                     "or bfloat16 (or f32, f16, bf16)")
-                         ->capture_default_str();
-       auto* parity = sub->add_flag(
-           "--ggml-parity", f->ggml_parity,
-           "Compute as llama.cpp's CPU backend does (its default attention, norms, RoPE, "
-           "SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy text; "
-           "needs --kv-dtype f16; slower");
-       auto* threads = sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-                           ->capture_default_str()
-                           ->check(IntRange(0, kMaxThreads));
-       sub->add_option("--output", f->output, "text (stream) or json")->capture_default_str();
-       sub->add_flag("--no-bos", f->no_bos,
-                     "Add no BOS/EOS (default: as the model's add_bos/add_eos say)");
-       sub->add_flag("--special", f->special,
-                     "Parse control tokens (e.g. <|im_start|>) in the prompt");
-       sub->add_option("--dump-logits", f->dump_logits,
-                       "Write each step's logits to this file, one JSON array per line");
-       sub->add_option("--ctx", f->ctx,
-                       "Context length to stay within (0 = the model's); a longer prompt is "
-                       "refused, generation stops when it is full")
-           ->capture_default_str()
-           ->check(IntRange(0, 1 << 30));
-       auto* sessions = sub->add_option(
-           "--sessions", f->sessions,
-           "Load mode: run N (1-1024) concurrent sessions of the prompt through one client and "
-           "print each one's output and the aggregate tokens/s, TTFT and inter-token latency");
-       sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
-       sub->add_option("--registry", f->registry,
-                       "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet "
-                       "registry) or etcd://HOST:PORT/prefix");
-       sub->add_option("--auth-token", f->auth_token, "Cluster token sent to the nodes");
-       sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify nodes over TLS");
-       sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
-       sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
-       sub->add_option(
-              "--timeout", f->timeout_s,
-              "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
-           ->capture_default_str();
-       std::vector<CLI::Option*> in_process = {shards, split, budget, dtype, parity, threads};
-       for (CLI::Option* o : AddBatchFlags(sub, &f->batch, "each in-process shard")) {
-         in_process.push_back(o);
-       }
-       sub->callback([=] {
-         f->load = sessions->count() > 0;
-         for (const CLI::Option* o : in_process) {
-           if (o->count() == 0) continue;
-           f->in_process_flags += (f->in_process_flags.empty() ? "" : ", ") + o->get_name();
-         }
-         *exit_code = RunGenerate(*f);
-       });
-     }});
+     SetupGenerate});
 
 }  // namespace
 }  // namespace meshnet::cli

@@ -23,16 +23,16 @@ GgmlType ParseTypeFlag(const char* flag, const std::string& s) {
                                                "q3_k, q4_k, q5_k, q6_k, iq4_xs)");
 }
 
-void SetupMakeModel(CLI::App* sub, int* exit_code) {
-  struct Flags {
-    gguf::MakeModelOptions o;
-    std::string out;
-    std::string tokenizer_from;
-    std::string type = "q8_0";
-    std::string embd_type;
-    int64_t n_kv_heads = 0;
-  };
-  auto flags = std::make_shared<Flags>();
+struct MakeModelFlags {
+  gguf::MakeModelOptions o;
+  std::string out;
+  std::string tokenizer_from;
+  std::string type = "q8_0";
+  std::string embd_type;
+  int64_t n_kv_heads = 0;
+};
+
+void AddMakeModelOptions(CLI::App* sub, MakeModelFlags* flags) {
   gguf::MakeModelOptions& o = flags->o;
   sub->add_option("--out", flags->out, "Output GGUF path")->required();
   sub->add_option(
@@ -63,35 +63,43 @@ void SetupMakeModel(CLI::App* sub, int* exit_code) {
                 "Add rope_freqs.weight with Llama 3.1's RoPE frequency factors");
   sub->add_flag("--tie-output", o.tie_output,
                 "Write no output.weight (the LM head is tied to token_embd)");
+}
+
+void RunMakeModel(const MakeModelFlags& flags) {
+  gguf::MakeModelOptions o = flags.o;
+  o.type = ParseTypeFlag("--type", flags.type.substr(0, flags.type.find(',')));
+  if (flags.type.find(',') != std::string::npos) {
+    size_t start = 0;
+    while (start <= flags.type.size()) {
+      const size_t comma = std::min(flags.type.find(',', start), flags.type.size());
+      o.mix_types.push_back(ParseTypeFlag("--type", flags.type.substr(start, comma - start)));
+      start = comma + 1;
+    }
+  }
+  if (!flags.embd_type.empty()) o.embedding_type = ParseTypeFlag("--embd-type", flags.embd_type);
+  o.n_kv_heads = flags.n_kv_heads > 0 ? flags.n_kv_heads : o.n_heads;
+  if (flags.n_kv_heads < 0) {
+    throw Error(ErrorKind::kInvalidArgument, "--n-kv-heads must be positive");
+  }
+  const gguf::MakeModelSummary s = gguf::MakeModel(o, flags.tokenizer_from, flags.out);
+  std::printf(
+      "wrote %s: %s, %lld layers, n_embd %lld, %lld tensors, %.2f M parameters, "
+      "vocab %lld, %s\n",
+      flags.out.c_str(), std::string(GgmlTypeInfoOf(o.type).name).c_str(),
+      static_cast<long long>(o.n_layers), static_cast<long long>(o.n_embd),
+      static_cast<long long>(s.n_tensors), static_cast<double>(s.n_params) / 1e6,
+      static_cast<long long>(s.vocab_size),
+      FormatByteSize(static_cast<int64_t>(s.file_bytes)).c_str());
+}
+
+void SetupMakeModel(CLI::App* sub, int* exit_code) {
+  auto flags = std::make_shared<MakeModelFlags>();
+  AddMakeModelOptions(sub, flags.get());
   sub->footer(
       "Weights are N(0, 1/fan_in) (residual projections scaled by 1/sqrt(2*n_layers)), norms "
       "are ones.\nExit status: 0 on success, 2 for bad flags or an unreadable tokenizer file.");
   sub->callback([flags, exit_code] {
-    gguf::MakeModelOptions o = flags->o;
-    o.type = ParseTypeFlag("--type", flags->type.substr(0, flags->type.find(',')));
-    if (flags->type.find(',') != std::string::npos) {
-      size_t start = 0;
-      while (start <= flags->type.size()) {
-        const size_t comma = std::min(flags->type.find(',', start), flags->type.size());
-        o.mix_types.push_back(ParseTypeFlag("--type", flags->type.substr(start, comma - start)));
-        start = comma + 1;
-      }
-    }
-    if (!flags->embd_type.empty())
-      o.embedding_type = ParseTypeFlag("--embd-type", flags->embd_type);
-    o.n_kv_heads = flags->n_kv_heads > 0 ? flags->n_kv_heads : o.n_heads;
-    if (flags->n_kv_heads < 0) {
-      throw Error(ErrorKind::kInvalidArgument, "--n-kv-heads must be positive");
-    }
-    const gguf::MakeModelSummary s = gguf::MakeModel(o, flags->tokenizer_from, flags->out);
-    std::printf(
-        "wrote %s: %s, %lld layers, n_embd %lld, %lld tensors, %.2f M parameters, "
-        "vocab %lld, %s\n",
-        flags->out.c_str(), std::string(GgmlTypeInfoOf(o.type).name).c_str(),
-        static_cast<long long>(o.n_layers), static_cast<long long>(o.n_embd),
-        static_cast<long long>(s.n_tensors), static_cast<double>(s.n_params) / 1e6,
-        static_cast<long long>(s.vocab_size),
-        FormatByteSize(static_cast<int64_t>(s.file_bytes)).c_str());
+    RunMakeModel(*flags);
     *exit_code = 0;
   });
 }

@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/flags.h"
 #include "registry/status_http.h"
 #include "rpc/registry_server.h"
 #include "util/stop_signals.h"
@@ -23,10 +24,7 @@ namespace {
 struct RegistryFlags {
   std::string listen = "127.0.0.1:0";
   std::string http_listen;
-  std::string auth_token;
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_ca;
+  ServerSecurityFlags security;
   std::string node_tls_ca;
   std::string node_tls_cert;
   std::string node_tls_key;
@@ -36,10 +34,7 @@ struct RegistryFlags {
 rpc::RegistryServerOptions ServerOptions(const RegistryFlags& f) {
   rpc::RegistryServerOptions o;
   o.listen = f.listen;
-  o.auth_token = AuthTokenOrEnv(f.auth_token);
-  o.tls_cert = f.tls_cert;
-  o.tls_key = f.tls_key;
-  o.tls_ca = f.tls_ca;
+  CopyServerSecurityFlags(f.security, &o);
   o.insecure = f.insecure;
   o.node_client.auth_token = o.auth_token;
   o.node_client.tls_ca = f.node_tls_ca;
@@ -78,12 +73,9 @@ const CommandRegistrar kRegistrar(
            ->capture_default_str();
        sub->add_option("--http-listen", f->http_listen,
                        "host:port of the status page (/), /status.json and /metrics");
-       sub->add_option("--auth-token", f->auth_token,
-                       "Cluster token every call must carry, and sent to nodes when verifying "
-                       "them (default: $MESHNET_AUTH_TOKEN)");
-       sub->add_option("--tls-cert", f->tls_cert, "Server certificate chain (PEM); enables TLS");
-       sub->add_option("--tls-key", f->tls_key, "Server private key (PEM)");
-       sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
+       AddServerSecurityFlags(sub, &f->security,
+                              "Cluster token every call must carry, and sent to nodes when "
+                              "verifying them (default: $MESHNET_AUTH_TOKEN)");
        sub->add_option("--node-tls-ca", f->node_tls_ca, "CA (PEM) to verify nodes over TLS");
        sub->add_option("--node-tls-cert", f->node_tls_cert, "Client certificate for the nodes");
        sub->add_option("--node-tls-key", f->node_tls_key, "Client private key for the nodes");

@@ -49,10 +49,7 @@ struct ServeFlags {
   int threads = 0;
   int block_tokens = 16;
   std::string metrics_listen;
-  std::string auth_token;
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_ca;
+  ServerSecurityFlags security;
   double grace_s = 10.0;
   int rpc_threads = 64;
   std::string log_level = "info";
@@ -108,10 +105,7 @@ rpc::NodeServerOptions ServerOptionsFrom(const ServeFlags& f) {
   rpc::NodeServerOptions o;
   o.listen = f.listen;
   o.metrics_listen = f.metrics_listen;
-  o.auth_token = AuthTokenOrEnv(f.auth_token);
-  o.tls_cert = f.tls_cert;
-  o.tls_key = f.tls_key;
-  o.tls_ca = f.tls_ca;
+  CopyServerSecurityFlags(f.security, &o);
   o.max_rpc_threads = f.rpc_threads;
   o.insecure = f.insecure;
   o.max_message_bytes = f.max_message_bytes;
@@ -156,8 +150,8 @@ int RunServe(const ServeFlags& f) {
   if (!server.metrics_address().empty()) {
     std::printf("metrics on %s\n", server.metrics_address().c_str());
   }
-  auto announced = StartServeRegistry(f.registry, server, options.auth_token, f.tls_ca, f.tls_cert,
-                                      f.tls_key, f.insecure);
+  auto announced = StartServeRegistry(f.registry, server, options.auth_token, f.security.tls_ca,
+                                      f.security.tls_cert, f.security.tls_key, f.insecure);
   std::fflush(stdout);
   const kv::HotKvStateConfig& kc = node_options.kv_config;
   spdlog::info(
@@ -177,89 +171,97 @@ int RunServe(const ServeFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar(
-    {"serve", "Serve a layer range of a model as a mesh node over gRPC",
-     [](CLI::App* sub, int* exit_code) {
-       auto f = std::make_shared<ServeFlags>();
-       sub->add_option("--model,-m", f->model,
-                       "GGUF model file (default: models/stories260K.gguf, looked up in the "
-                       "current directory, then above the executable)");
-       sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")
-           ->required();
-       sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
-           ->capture_default_str();
-       sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
-           ->capture_default_str();
-       sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
-           ->capture_default_str()
-           ->check(IntRange(1, kMaxSessions));
-       sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
-           ->capture_default_str();
-       sub->add_option("--kv-dtype", f->kv_dtype,
-                       "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
-           ->capture_default_str();
-       sub->add_flag("--ggml-parity", f->ggml_parity,
-                     "Compute as llama.cpp's CPU backend does (its default attention, norms, "
-                     "RoPE, SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy "
-                     "text; needs --kv-dtype f16; slower");
-       sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
-           ->capture_default_str()
-           ->check(IntRange(0, kMaxThreads));
-       sub->add_option("--block-tokens", f->block_tokens,
-                       "Positions per KV block (one block must fit --kv-budget)")
-           ->capture_default_str()
-           ->check(IntRange(1, kMaxBlockTokens));
-       sub->add_option("--metrics-listen", f->metrics_listen,
-                       "host:port for Prometheus /metrics (port 0: pick a free one)");
-       sub->add_option("--auth-token", f->auth_token,
-                       "Cluster token every call must carry (default: $MESHNET_AUTH_TOKEN)");
-       sub->add_option("--tls-cert", f->tls_cert, "Server certificate chain (PEM); enables TLS");
-       sub->add_option("--tls-key", f->tls_key, "Server private key (PEM)");
-       sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
-       sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
-           ->capture_default_str();
-       sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
-           ->capture_default_str()
-           ->check(IntRange(2, kMaxRpcThreads));
-       sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
-           ->capture_default_str();
-       sub->add_flag("--insecure", f->insecure,
-                     "Allow a non-loopback --listen without --auth-token or --tls-ca");
-       sub->add_option("--max-message-bytes", f->max_message_bytes,
-                       "Largest gRPC message (0 = a full-context step of this shard + 1 MiB)")
-           ->capture_default_str()
-           ->check(IntRange(0, 2147483647));
-       sub->add_option("--admission-wait", f->admission_wait_s,
-                       "Seconds a new session waits for a slot when --max-sessions are active, "
-                       "before RESOURCE_EXHAUSTED")
-           ->capture_default_str()
-           ->check(CLI::Range(0.0, 3600.0));
-       sub->add_option("--admission-queue", f->admission_queue,
-                       "New sessions that may wait at once (more are refused at once)")
-           ->capture_default_str()
-           ->check(IntRange(0, 4096));
-       sub->add_option("--active-window", f->active_window_s,
-                       "Seconds since its last step that a session counts as active "
-                       "(never evicted to admit a new one)")
-           ->capture_default_str()
-           ->check(CLI::Range(0.001, 86400.0));
-       sub->add_option(
-              "--max-calls-per-peer", f->max_calls_per_peer,
-              "Concurrent Step/Truncate calls one client (address, or client certificate) may have")
-           ->capture_default_str()
-           ->check(IntRange(1, kMaxRpcThreads));
-       AddBatchFlags(sub, &f->batch, "this node");
-       sub->add_option("--drain-to", f->drain_to,
-                       "On SIGINT/SIGTERM, hand live sessions (their verified KV) to these "
-                       "replicas of the same layer range (host:port,...) within --grace, "
-                       "instead of letting them re-prefill elsewhere");
-       AddServeRegistryFlags(sub, &f->registry);
-       sub->add_option("--max-new-sessions-per-minute", f->max_new_sessions_per_minute,
-                       "Sessions one client (address, or client certificate) may open per "
-                       "minute, 1..1000000; more get RESOURCE_EXHAUSTED with a retry hint")
-           ->capture_default_str();  // range: NodeServerOptions::Validate (exit 2)
-       sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
-     }});
+// What the node computes and holds: model, layers, KV, threads.
+void AddServeNodeFlags(CLI::App* sub, ServeFlags* f) {
+  sub->add_option("--model,-m", f->model,
+                  "GGUF model file (default: models/stories260K.gguf, looked up in the "
+                  "current directory, then above the executable)");
+  sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")->required();
+  sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
+      ->capture_default_str();
+  sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
+      ->capture_default_str();
+  sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")
+      ->capture_default_str()
+      ->check(IntRange(1, kMaxSessions));
+  sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
+      ->capture_default_str();
+  sub->add_option("--kv-dtype", f->kv_dtype,
+                  "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
+      ->capture_default_str();
+  sub->add_flag("--ggml-parity", f->ggml_parity,
+                "Compute as llama.cpp's CPU backend does (its default attention, norms, "
+                "RoPE, SwiGLU, F16/Q8_0/Q5_1 matmuls), for bit parity with its greedy "
+                "text; needs --kv-dtype f16; slower");
+  sub->add_option("--threads", f->threads, "Compute threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(IntRange(0, kMaxThreads));
+  sub->add_option("--block-tokens", f->block_tokens,
+                  "Positions per KV block (one block must fit --kv-budget)")
+      ->capture_default_str()
+      ->check(IntRange(1, kMaxBlockTokens));
+  sub->add_option("--metrics-listen", f->metrics_listen,
+                  "host:port for Prometheus /metrics (port 0: pick a free one)");
+}
+
+// How it serves: security, gRPC limits, admission, batching, draining, the registry.
+void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
+  AddServerSecurityFlags(sub, &f->security,
+                         "Cluster token every call must carry (default: $MESHNET_AUTH_TOKEN)");
+  sub->add_option("--grace", f->grace_s, "Seconds to let in-flight steps finish on shutdown")
+      ->capture_default_str();
+  sub->add_option("--rpc-threads", f->rpc_threads, "Maximum gRPC handler threads")
+      ->capture_default_str()
+      ->check(IntRange(2, kMaxRpcThreads));
+  sub->add_option("--log-level", f->log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  sub->add_flag("--insecure", f->insecure,
+                "Allow a non-loopback --listen without --auth-token or --tls-ca");
+  sub->add_option("--max-message-bytes", f->max_message_bytes,
+                  "Largest gRPC message (0 = a full-context step of this shard + 1 MiB)")
+      ->capture_default_str()
+      ->check(IntRange(0, 2147483647));
+  sub->add_option("--admission-wait", f->admission_wait_s,
+                  "Seconds a new session waits for a slot when --max-sessions are active, "
+                  "before RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  sub->add_option("--admission-queue", f->admission_queue,
+                  "New sessions that may wait at once (more are refused at once)")
+      ->capture_default_str()
+      ->check(IntRange(0, 4096));
+  sub->add_option("--active-window", f->active_window_s,
+                  "Seconds since its last step that a session counts as active "
+                  "(never evicted to admit a new one)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 86400.0));
+  sub->add_option(
+         "--max-calls-per-peer", f->max_calls_per_peer,
+         "Concurrent Step/Truncate calls one client (address, or client certificate) may have")
+      ->capture_default_str()
+      ->check(IntRange(1, kMaxRpcThreads));
+  AddBatchFlags(sub, &f->batch, "this node");
+  sub->add_option("--drain-to", f->drain_to,
+                  "On SIGINT/SIGTERM, hand live sessions (their verified KV) to these "
+                  "replicas of the same layer range (host:port,...) within --grace, "
+                  "instead of letting them re-prefill elsewhere");
+  AddServeRegistryFlags(sub, &f->registry);
+  sub->add_option("--max-new-sessions-per-minute", f->max_new_sessions_per_minute,
+                  "Sessions one client (address, or client certificate) may open per "
+                  "minute, 1..1000000; more get RESOURCE_EXHAUSTED with a retry hint")
+      ->capture_default_str();  // range: NodeServerOptions::Validate (exit 2)
+}
+
+void SetupServe(CLI::App* sub, int* exit_code) {
+  auto f = std::make_shared<ServeFlags>();
+  AddServeNodeFlags(sub, f.get());
+  AddServeServerFlags(sub, f.get());
+  sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
+}
+
+const CommandRegistrar kRegistrar({"serve",
+                                   "Serve a layer range of a model as a mesh node over gRPC",
+                                   SetupServe});
 
 }  // namespace
 }  // namespace meshnet::cli

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/flags.h"
 #include "registry/status.h"
 #include "rpc/registry_client.h"
 #include "util/error.h"
@@ -17,10 +18,7 @@ struct StatusFlags {
   std::string registry;
   std::string output = "text";
   std::string model_id;
-  std::string auth_token;
-  std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  ClientSecurityFlags client;
   double timeout_s = 5.0;
 };
 
@@ -29,10 +27,7 @@ int RunStatus(const StatusFlags& f) {
     ThrowInvalidArgument("--output must be text or json, got '" + f.output + "'");
   }
   rpc::ClientOptions co;
-  co.auth_token = f.auth_token;
-  co.tls_ca = f.tls_ca;
-  co.tls_cert = f.tls_cert;
-  co.tls_key = f.tls_key;
+  CopyClientSecurityFlags(f.client, &co);
   co.info_timeout_s = f.timeout_s;
   const auto reg = rpc::OpenRegistry(f.registry, co);
   const nlohmann::json status = registry::StatusJson(reg->List(f.model_id), reg->name());
@@ -53,10 +48,8 @@ const CommandRegistrar kRegistrar(
            ->required();
        sub->add_option("--output", f->output, "text or json")->capture_default_str();
        sub->add_option("--model-id", f->model_id, "Only this model identity");
-       sub->add_option("--auth-token", f->auth_token, "Cluster token");
-       sub->add_option("--tls-ca", f->tls_ca, "CA certificate (PEM) to verify the registry");
-       sub->add_option("--tls-cert", f->tls_cert, "Client certificate (PEM) for mutual TLS");
-       sub->add_option("--tls-key", f->tls_key, "Client private key (PEM) for mutual TLS");
+       AddClientSecurityFlags(sub, &f->client, "Cluster token",
+                              "CA certificate (PEM) to verify the registry");
        sub->add_option("--timeout", f->timeout_s, "Deadline of the registry call in seconds")
            ->capture_default_str();
        sub->callback([f, exit_code] { *exit_code = RunStatus(*f); });

@@ -291,6 +291,30 @@ bool ConfigArgs(const JsonDocument& doc, const JsonValue& op, HotKvStateConfig* 
   return true;
 }
 
+namespace {
+
+// The kv_dtype alias a recipe names, or nullptr for anything else.
+const DtypeAlias* FindDtypeAlias(const JsonValue& dtype) {
+  if (dtype.type != JsonType::kString) return nullptr;
+  const DtypeAlias* alias = nullptr;
+  for (const DtypeAlias& a : kDtypeAliases) {
+    if (dtype.text == a.name) alias = &a;
+  }
+  return alias;
+}
+
+// role_for_range: ints (not bools), 0 <= start <= end <= total - 1.
+bool IsLayerRange(const JsonValue& start, const JsonValue& end, const JsonValue& total) {
+  for (const JsonValue* v : {&start, &end, &total}) {
+    if (v->type != JsonType::kInt) return false;
+  }
+  JsonValue zero;
+  zero.type = JsonType::kInt;
+  return CompareInt(start, zero) >= 0 && CompareInt(start, end) <= 0 && CompareInt(end, total) < 0;
+}
+
+}  // namespace
+
 bool ParseTraceRecipe(const JsonDocument& doc, const JsonValue& obj, TraceRecipe* out) {
   // make_recipe: a non-dict raises KeyError or TypeError; a missing field KeyError.
   if (obj.type != JsonType::kObject) return false;
@@ -311,22 +335,8 @@ bool ParseTraceRecipe(const JsonDocument& doc, const JsonValue& obj, TraceRecipe
   std::string heads_repr, dim_repr;
   Geometry gh, gd;
   if (!ReadGeometry(*heads, &gh, &heads_repr) || !ReadGeometry(*dim, &gd, &dim_repr)) return false;
-  if (dtype->type != JsonType::kString) return false;
-  const DtypeAlias* alias = nullptr;
-  for (const DtypeAlias& a : kDtypeAliases) {
-    if (dtype->text == a.name) alias = &a;
-  }
-  if (alias == nullptr) return false;
-  // role_for_range: ints (not bools), 0 <= start <= end <= total - 1.
-  for (const JsonValue* v : {start, end, total}) {
-    if (v->type != JsonType::kInt) return false;
-  }
-  JsonValue zero;
-  zero.type = JsonType::kInt;
-  if (CompareInt(*start, zero) < 0 || CompareInt(*start, *end) > 0 ||
-      CompareInt(*end, *total) >= 0) {
-    return false;
-  }
+  const DtypeAlias* alias = FindDtypeAlias(*dtype);
+  if (alias == nullptr || !IsLayerRange(*start, *end, *total)) return false;
   out->fingerprint = Sha256Hex(
       CanonicalRecipe(start->text, end->text, total->text, heads_repr, dim_repr, alias->dtype));
 

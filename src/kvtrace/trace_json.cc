@@ -47,6 +47,39 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
+// The four hex digits at in[at, at + 4) as a number in *v.
+bool ReadHex4(std::string_view in, size_t at, uint32_t* v) {
+  if (at + 4 > in.size()) return false;
+  uint32_t r = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    const int h = HexValue(in[at + k]);
+    if (h < 0) return false;
+    r = (r << 4) | static_cast<uint32_t>(h);
+  }
+  *v = r;
+  return true;
+}
+
+// The \u escape whose hex digits start at in[*i], appended to *out; advances
+// *i past it. A high surrogate followed by "\u" + low surrogate is one
+// character; otherwise each escape stands alone (a lone surrogate), as in CPython.
+bool DecodeUnicodeEscape(std::string_view in, size_t* pi, std::string* out) {
+  size_t& i = *pi;
+  uint32_t cp;
+  if (!ReadHex4(in, i, &cp)) return false;
+  i += 4;
+  if (cp >= 0xD800 && cp <= 0xDBFF && i + 1 < in.size() && in[i] == '\\' && in[i + 1] == 'u') {
+    uint32_t lo;
+    if (!ReadHex4(in, i + 2, &lo)) return false;
+    if (lo >= 0xDC00 && lo <= 0xDFFF) {
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      i += 6;
+    }
+  }
+  AppendUtf8(cp, out);
+  return true;
+}
+
 // Decodes one code point of valid UTF-8/WTF-8 at s[*i]; advances *i.
 uint32_t NextCodePoint(std::string_view s, size_t* i) {
   const auto b = [&](size_t k) { return static_cast<unsigned char>(s[*i + k]); };
@@ -167,66 +200,16 @@ bool JsonDocument::ParseEscapedString(size_t start, size_t i, std::string_view* 
 
 bool JsonDocument::DecodeEscape(size_t* pi) {
   size_t& i = *pi;
-  auto read_hex4 = [&](size_t at, uint32_t* v) {
-    if (at + 4 > in_.size()) return false;
-    uint32_t r = 0;
-    for (size_t k = 0; k < 4; ++k) {
-      const int h = HexValue(in_[at + k]);
-      if (h < 0) return false;
-      r = (r << 4) | static_cast<uint32_t>(h);
-    }
-    *v = r;
-    return true;
-  };
   if (i >= in_.size()) return false;
   const char e = in_[i];
   i += 1;
-  switch (e) {
-    case '"':
-      arena_.push_back('"');
-      break;
-    case '\\':
-      arena_.push_back('\\');
-      break;
-    case '/':
-      arena_.push_back('/');
-      break;
-    case 'b':
-      arena_.push_back('\b');
-      break;
-    case 'f':
-      arena_.push_back('\f');
-      break;
-    case 'n':
-      arena_.push_back('\n');
-      break;
-    case 'r':
-      arena_.push_back('\r');
-      break;
-    case 't':
-      arena_.push_back('\t');
-      break;
-    case 'u': {
-      uint32_t cp;
-      if (!read_hex4(i, &cp)) return false;
-      i += 4;
-      // A high surrogate followed by "\u" + low surrogate is one character;
-      // otherwise each escape stands alone (a lone surrogate), as in CPython.
-      if (cp >= 0xD800 && cp <= 0xDBFF && i + 1 < in_.size() && in_[i] == '\\' &&
-          in_[i + 1] == 'u') {
-        uint32_t lo;
-        if (!read_hex4(i + 2, &lo)) return false;
-        if (lo >= 0xDC00 && lo <= 0xDFFF) {
-          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          i += 6;
-        }
-      }
-      AppendUtf8(cp, &arena_);
-      break;
-    }
-    default:
-      return false;
-  }
+  if (e == 'u') return DecodeUnicodeEscape(in_, &i, &arena_);
+  // The one-character escapes and the characters they stand for.
+  static constexpr std::string_view kFrom = "\"\\/bfnrt";
+  static constexpr std::string_view kTo = "\"\\/\b\f\n\r\t";
+  const size_t k = kFrom.find(e);
+  if (k == std::string_view::npos) return false;
+  arena_.push_back(kTo[k]);
   return true;
 }
 

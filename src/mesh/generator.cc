@@ -165,10 +165,7 @@ void SleepWithJitter(double seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds * factor(rng)));
 }
 
-}  // namespace
-
-GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,
-                        const GenerateOptions& options, const GenerateEvents& events) {
+void ValidateGenerate(std::span<const int32_t> prompt_ids, const GenerateOptions& options) {
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt must hold at least one token");
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
   options.sampling.Validate();
@@ -178,114 +175,173 @@ GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt
                          " tokens, more than the model's context length of " +
                          std::to_string(options.context_length));
   }
-  const std::string session = options.session_id.empty() ? node::RandomId128() : options.session_id;
-  const std::string secret =
-      options.session_secret.empty() ? node::RandomId128() : options.session_secret;
+}
 
-  GenerateResult result;
-  int64_t epoch = options.initial_epoch;
-  Route route = provider.Plan();
-  SessionReleaser releaser(session, secret, &epoch);
-  releaser.Add(route);
-  const auto busy_until = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(options.busy_retry_s));
-  double busy_backoff = 0.05;
-  result.stop_reason = "max_tokens";
-  std::vector<int32_t> history(prompt_ids.begin(), prompt_ids.end());
-  history.reserve(history.size() + options.max_tokens);
-  result.generated_ids.reserve(options.max_tokens);
-  bool need_prefill = true;
-  int recoveries = 0;
-  uint64_t step_id = 0;
-  double backoff = options.backoff_initial_s;
+// One Generate call: the route, the session and the text so far, and what
+// to do with each step's outcome (a token, a busy or dead hop, a cache miss).
+class GenerationLoop {
+ public:
+  GenerationLoop(RouteProvider& provider, std::span<const int32_t> prompt_ids,
+                 const GenerateOptions& options, const GenerateEvents& events)
+      : provider_(provider),
+        options_(options),
+        events_(events),
+        session_(options.session_id.empty() ? node::RandomId128() : options.session_id),
+        secret_(options.session_secret.empty() ? node::RandomId128() : options.session_secret),
+        epoch_(options.initial_epoch),
+        route_(provider.Plan()),
+        releaser_(session_, secret_, &epoch_) {
+    releaser_.Add(route_);
+    busy_until_ = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(options.busy_retry_s));
+    backoff_ = options.backoff_initial_s;
+    result_.stop_reason = "max_tokens";
+    history_.assign(prompt_ids.begin(), prompt_ids.end());
+    history_.reserve(history_.size() + options.max_tokens);
+    result_.generated_ids.reserve(options.max_tokens);
+  }
 
-  auto recover = [&](const std::string& what) {
-    if (++recoveries > options.max_recoveries) {
-      throw Error(ErrorKind::kUnavailable, "giving up after " +
-                                               std::to_string(options.max_recoveries) +
-                                               " recoveries; last: " + what);
+  GenerateResult Run() {
+    while (static_cast<int>(result_.generated_ids.size()) < options_.max_tokens) {
+      if (Stopping()) break;
+      StepOutcome step = NextStep();
+      if (step.moves > 0) {
+        result_.moves += step.moves;
+        releaser_.Add(route_);  // the new node holds the session now
+      }
+      if (step.busy_hop != nullptr) {
+        WaitWhileBusy(step);
+        continue;
+      }
+      if (step.dead_hop != nullptr) {
+        FailOver(step);
+        continue;
+      }
+      if (step.miss) {
+        Recover(step.miss->ToString() + "; re-prefilling " + std::to_string(history_.size()) +
+                " tokens");
+        ++result_.re_prefills;
+        need_prefill_ = true;
+        continue;
+      }
+      need_prefill_ = false;
+      if (!Accept(step)) break;
     }
-    if (events.on_recovery) events.on_recovery(what);
-  };
+    if (!options_.release_at_end) releaser_.Disarm();
+    result_.final_epoch = epoch_;
+    result_.final_route = route_.Describe();
+    return std::move(result_);
+  }
 
-  while (static_cast<int>(result.generated_ids.size()) < options.max_tokens) {
-    if (events.stop_requested && events.stop_requested()) {
-      result.stopped = true;
-      result.stop_reason = "stopped";
-      break;
+ private:
+  // True (with the stop reason set) when generation ends before the next step.
+  bool Stopping() {
+    if (events_.stop_requested && events_.stop_requested()) {
+      result_.stopped = true;
+      result_.stop_reason = "stopped";
+      return true;
     }
-    if (options.cancelled && options.cancelled()) {
+    if (options_.cancelled && options_.cancelled()) {
       throw Error(ErrorKind::kUnavailable, "cancelled");  // the releaser frees the session
     }
-    if (options.context_length > 0 &&
-        static_cast<int64_t>(history.size()) >= options.context_length) {
-      result.stop_reason = "context_length";
-      break;
+    if (options_.context_length > 0 &&
+        static_cast<int64_t>(history_.size()) >= options_.context_length) {
+      result_.stop_reason = "context_length";
+      return true;
     }
-    const bool prefill = need_prefill;
-    std::span<const int32_t> tokens =
-        prefill ? std::span<const int32_t>(history) : std::span<const int32_t>(&history.back(), 1);
-    std::optional<int64_t> expected;
-    if (!prefill) expected = static_cast<int64_t>(history.size()) - 1;
-    StepOutcome step = RunRouteStep(route, provider, session, secret, epoch, ++step_id, prefill,
-                                    tokens, expected, options.sampling);
-    if (step.moves > 0) {
-      result.moves += step.moves;
-      releaser.Add(route);  // the new node holds the session now
-    }
-    if (step.busy_hop != nullptr) {
-      if (std::chrono::steady_clock::now() >= busy_until) {
-        throw Error(ErrorKind::kResourceExhausted, "still busy after " +
-                                                       std::to_string(options.busy_retry_s) +
-                                                       " s of retries: " + step.busy_reason);
-      }
-      ++result.busy_retries;
-      SleepWithJitter(busy_backoff);
-      busy_backoff = std::min(busy_backoff * 2, 2.0);
-      need_prefill = true;  // hops before the busy one are re-opened too
-      continue;
-    }
-    if (step.dead_hop != nullptr) {
-      recover("hop " + step.dead_hop->name() + " is unavailable (" + step.dead_reason +
-              "); re-planning at epoch " + std::to_string(epoch + 1));
-      provider.MarkDead(*step.dead_hop);
-      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
-      backoff = std::min(backoff * 2, options.backoff_max_s);
-      route = provider.Plan();
-      releaser.Add(route);
-      ++epoch;
-      ++result.failovers;
-      need_prefill = true;
-      continue;
-    }
-    if (step.miss) {
-      recover(step.miss->ToString() + "; re-prefilling " + std::to_string(history.size()) +
-              " tokens");
-      ++result.re_prefills;
-      need_prefill = true;
-      continue;
-    }
-    need_prefill = false;
-    const int32_t token = *step.token;
-    if (events.on_logits) events.on_logits(step.logits);
-    if (options.eos_id && token == *options.eos_id) {
-      result.stop_reason = "eos";
-      break;
-    }
-    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
-        options.stop_ids.end()) {
-      result.stop_reason = "eos";
-      break;
-    }
-    history.push_back(token);
-    result.generated_ids.push_back(token);
-    if (events.on_token) events.on_token(token);
+    return false;
   }
-  if (!options.release_at_end) releaser.Disarm();
-  result.final_epoch = epoch;
-  result.final_route = route.Describe();
-  return result;
+
+  // A prefill of the whole text when needed, else a decode of its last token.
+  StepOutcome NextStep() {
+    const bool prefill = need_prefill_;
+    std::span<const int32_t> tokens = prefill ? std::span<const int32_t>(history_)
+                                              : std::span<const int32_t>(&history_.back(), 1);
+    std::optional<int64_t> expected;
+    if (!prefill) expected = static_cast<int64_t>(history_.size()) - 1;
+    return RunRouteStep(route_, provider_, session_, secret_, epoch_, ++step_id_, prefill, tokens,
+                        expected, options_.sampling);
+  }
+
+  void Recover(const std::string& what) {
+    if (++recoveries_ > options_.max_recoveries) {
+      throw Error(ErrorKind::kUnavailable, "giving up after " +
+                                               std::to_string(options_.max_recoveries) +
+                                               " recoveries; last: " + what);
+    }
+    if (events_.on_recovery) events_.on_recovery(what);
+  }
+
+  void WaitWhileBusy(const StepOutcome& step) {
+    if (std::chrono::steady_clock::now() >= busy_until_) {
+      throw Error(ErrorKind::kResourceExhausted, "still busy after " +
+                                                     std::to_string(options_.busy_retry_s) +
+                                                     " s of retries: " + step.busy_reason);
+    }
+    ++result_.busy_retries;
+    SleepWithJitter(busy_backoff_);
+    busy_backoff_ = std::min(busy_backoff_ * 2, 2.0);
+    need_prefill_ = true;  // hops before the busy one are re-opened too
+  }
+
+  void FailOver(const StepOutcome& step) {
+    Recover("hop " + step.dead_hop->name() + " is unavailable (" + step.dead_reason +
+            "); re-planning at epoch " + std::to_string(epoch_ + 1));
+    provider_.MarkDead(*step.dead_hop);
+    std::this_thread::sleep_for(std::chrono::duration<double>(backoff_));
+    backoff_ = std::min(backoff_ * 2, options_.backoff_max_s);
+    route_ = provider_.Plan();
+    releaser_.Add(route_);
+    ++epoch_;
+    ++result_.failovers;
+    need_prefill_ = true;
+  }
+
+  // Takes the step's token; false when it ends the generation (EOS or a stop id).
+  bool Accept(const StepOutcome& step) {
+    const int32_t token = *step.token;
+    if (events_.on_logits) events_.on_logits(step.logits);
+    if (options_.eos_id && token == *options_.eos_id) {
+      result_.stop_reason = "eos";
+      return false;
+    }
+    if (std::find(options_.stop_ids.begin(), options_.stop_ids.end(), token) !=
+        options_.stop_ids.end()) {
+      result_.stop_reason = "eos";
+      return false;
+    }
+    history_.push_back(token);
+    result_.generated_ids.push_back(token);
+    if (events_.on_token) events_.on_token(token);
+    return true;
+  }
+
+  RouteProvider& provider_;
+  const GenerateOptions& options_;
+  const GenerateEvents& events_;
+  const std::string session_;
+  const std::string secret_;
+  GenerateResult result_;
+  int64_t epoch_;
+  Route route_;
+  SessionReleaser releaser_;
+  std::chrono::steady_clock::time_point busy_until_;
+  double busy_backoff_ = 0.05;
+  std::vector<int32_t> history_;
+  bool need_prefill_ = true;
+  int recoveries_ = 0;
+  uint64_t step_id_ = 0;
+  double backoff_ = 0;
+};
+
+}  // namespace
+
+GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,
+                        const GenerateOptions& options, const GenerateEvents& events) {
+  ValidateGenerate(prompt_ids, options);
+  GenerationLoop loop(provider, prompt_ids, options, events);
+  return loop.Run();
 }
 
 }  // namespace meshnet::mesh

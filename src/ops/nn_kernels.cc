@@ -211,13 +211,56 @@ HWY_INLINE float Dot(const float* q, const uint8_t* krow, int hd) {
   return s;
 }
 
-// Query heads [h0, h0 + nh) (nh <= kSubHeads) of token t, all in KV head g.
-template <KvDtype kDt>
-void AttendHeads(const AttentionArgs& a, int64_t t, int g, int h0, int nh) {
+// One chunk of online softmax for one head: turns the scores s[0, np) into
+// exp(s - m_new) (padding the chunk to kChunk with zeros), adds them to *lsum
+// and rescales the running output o[0, hd) when the running max *m grows.
+HWY_INLINE void SoftmaxChunk(float* s, int np, int hd, float* m, float* lsum, float* o) {
   const DA d;
   const int l = static_cast<int>(hn::Lanes(d));
   const hn::CappedTag<float, kChunk> dc;
   const int lc = static_cast<int>(hn::Lanes(dc));
+  float cmax = s[0];
+  for (int j = 1; j < np; ++j) cmax = std::max(cmax, s[j]);
+  for (int j = np; j < kChunk; ++j) s[j] = -INFINITY;
+  const float m_new = std::max(*m, cmax);
+  const float corr = std::exp(*m - m_new);  // 0 on the first chunk
+  const auto vm = hn::Set(dc, m_new);
+  auto vsum = hn::Zero(dc);
+  for (int j = 0; j < kChunk; j += lc) {
+    const auto p = hn::Exp(dc, hn::Sub(hn::Load(dc, s + j), vm));
+    vsum = hn::Add(vsum, p);
+    hn::Store(p, dc, s + j);
+  }
+  *lsum = *lsum * corr + hn::GetLane(hn::SumOfLanes(dc, vsum));
+  if (corr != 1.0f) {
+    const auto vc = hn::Set(d, corr);
+    int i = 0;
+    for (; i + l <= hd; i += l) hn::StoreU(hn::Mul(hn::LoadU(d, o + i), vc), d, o + i);
+    for (; i < hd; ++i) o[i] *= corr;
+  }
+  *m = m_new;
+}
+
+// o[0, hd) += sum over j < np of p[j] * V row j.
+template <KvDtype kDt>
+HWY_INLINE void AccumulateV(const float* p, const uint8_t* const* vrows, int np, int hd, float* o) {
+  const DA d;
+  const int l = static_cast<int>(hn::Lanes(d));
+  int i = 0;
+  for (; i + l <= hd; i += l) {
+    auto acc = hn::LoadU(d, o + i);
+    for (int j = 0; j < np; ++j)
+      acc = hn::MulAdd(hn::Set(d, p[j]), LoadKv<kDt>(d, vrows[j], i), acc);
+    hn::StoreU(acc, d, o + i);
+  }
+  for (; i < hd; ++i) {
+    for (int j = 0; j < np; ++j) o[i] += p[j] * LoadAs(kDt, vrows[j] + i * KvDtypeSize(kDt));
+  }
+}
+
+// Query heads [h0, h0 + nh) (nh <= kSubHeads) of token t, all in KV head g.
+template <KvDtype kDt>
+void AttendHeads(const AttentionArgs& a, int64_t t, int g, int h0, int nh) {
   const PagedKvLayer& kv = *a.kv;
   const int hd = a.head_dim;
   const size_t head_off = static_cast<size_t>(g) * hd * KvDtypeSize(kDt);
@@ -239,44 +282,10 @@ void AttendHeads(const AttentionArgs& a, int64_t t, int g, int h0, int nh) {
       const uint8_t* krow = kv.KRow(p0 + j) + head_off;
       for (int hh = 0; hh < nh; ++hh) s[hh][j] = Dot<kDt>(q[hh], krow, hd) * a.scale;
     }
-    for (int hh = 0; hh < nh; ++hh) {
-      float cmax = s[hh][0];
-      for (int j = 1; j < np; ++j) cmax = std::max(cmax, s[hh][j]);
-      for (int j = np; j < kChunk; ++j) s[hh][j] = -INFINITY;
-      const float m_new = std::max(m[hh], cmax);
-      const float corr = std::exp(m[hh] - m_new);  // 0 on the first chunk
-      const auto vm = hn::Set(dc, m_new);
-      auto vsum = hn::Zero(dc);
-      for (int j = 0; j < kChunk; j += lc) {
-        const auto p = hn::Exp(dc, hn::Sub(hn::Load(dc, s[hh] + j), vm));
-        vsum = hn::Add(vsum, p);
-        hn::Store(p, dc, s[hh] + j);
-      }
-      lsum[hh] = lsum[hh] * corr + hn::GetLane(hn::SumOfLanes(dc, vsum));
-      if (corr != 1.0f) {
-        const auto vc = hn::Set(d, corr);
-        int i = 0;
-        for (; i + l <= hd; i += l) hn::StoreU(hn::Mul(hn::LoadU(d, o[hh] + i), vc), d, o[hh] + i);
-        for (; i < hd; ++i) o[hh][i] *= corr;
-      }
-      m[hh] = m_new;
-    }
+    for (int hh = 0; hh < nh; ++hh) SoftmaxChunk(s[hh], np, hd, &m[hh], &lsum[hh], o[hh]);
     const uint8_t* vrows[kChunk];
     for (int j = 0; j < np; ++j) vrows[j] = kv.VRow(p0 + j) + head_off;
-    for (int hh = 0; hh < nh; ++hh) {
-      int i = 0;
-      for (; i + l <= hd; i += l) {
-        auto acc = hn::LoadU(d, o[hh] + i);
-        for (int j = 0; j < np; ++j)
-          acc = hn::MulAdd(hn::Set(d, s[hh][j]), LoadKv<kDt>(d, vrows[j], i), acc);
-        hn::StoreU(acc, d, o[hh] + i);
-      }
-      for (; i < hd; ++i) {
-        for (int j = 0; j < np; ++j) {
-          o[hh][i] += s[hh][j] * LoadAs(kDt, vrows[j] + i * KvDtypeSize(kDt));
-        }
-      }
-    }
+    for (int hh = 0; hh < nh; ++hh) AccumulateV<kDt>(s[hh], vrows, np, hd, o[hh]);
   }
   for (int hh = 0; hh < nh; ++hh) {
     float* out = a.out + t * q_stride + static_cast<int64_t>(h0 + hh) * hd;

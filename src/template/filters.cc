@@ -296,6 +296,49 @@ Value FilterMinMax(Interpreter& in, const Value& v, bool max) {
   return best;
 }
 
+Value FilterTrim(Interpreter&, const Value& v, CallArgs& a) {
+  const Value* chars = Arg(a, 0, "chars");
+  if (chars == nullptr || chars->is_none() || chars->is_undefined()) return Value(Trim(v.Str()));
+  std::string set = chars->Str();
+  return Value(PyStrip(v.Str(), &set, true, true));
+}
+
+Value FilterCapitalize(Interpreter&, const Value& v, CallArgs&) {
+  std::string s = ToLower(v.Str());
+  if (!s.empty()) s[0] = ToUpper(s.substr(0, 1))[0];
+  return Value(std::move(s));
+}
+
+Value FilterDefault(Interpreter&, const Value& v, CallArgs& a) {
+  const Value* def = Arg(a, 0, "default_value");
+  bool boolean = ArgBool(a, 1, "boolean", false);
+  bool use_default = v.is_undefined() || (boolean && !v.Truthy());
+  return use_default ? (def ? *def : Value(std::string())) : v;
+}
+
+Value FilterReverse(Interpreter&, const Value& v, CallArgs&) {
+  if (v.is_string()) {
+    auto cps = SplitCodePoints(v.as_string());
+    std::string out;
+    for (auto it = cps.rbegin(); it != cps.rend(); ++it) out.append(*it);
+    return Value(std::move(out));
+  }
+  List items = v.Iterate();
+  std::reverse(items.begin(), items.end());
+  return Value(std::move(items));
+}
+
+Value FilterAbs(Interpreter&, const Value& v, CallArgs&) {
+  return v.is_int() ? Value(v.as_int() < 0 ? -v.as_int() : v.as_int())
+                    : Value(std::fabs(v.as_number()));
+}
+
+Value FilterSum(Interpreter& in, const Value& v, CallArgs&) {
+  Value total(0);
+  for (const Value& item : v.Iterate()) total = BinaryOp(in, "+", total, item);
+  return total;
+}
+
 const std::map<std::string, FilterFn, std::less<>>& Filters() {
   static const std::map<std::string, FilterFn, std::less<>> kFilters = {
       {"tojson", FilterTojson},
@@ -310,59 +353,21 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"length", FilterLength},
       {"count", FilterLength},
       {"unique", FilterUnique},
-      {"trim",
-       [](Interpreter&, const Value& v, CallArgs& a) {
-         const Value* chars = Arg(a, 0, "chars");
-         if (chars == nullptr || chars->is_none() || chars->is_undefined())
-           return Value(Trim(v.Str()));
-         std::string set = chars->Str();
-         return Value(PyStrip(v.Str(), &set, true, true));
-       }},
+      {"trim", FilterTrim},
       {"string", [](Interpreter&, const Value& v, CallArgs&) { return Value(v.Str()); }},
       {"safe", [](Interpreter&, const Value& v, CallArgs&) { return v; }},
       {"e", [](Interpreter&, const Value& v, CallArgs&) { return v; }},
       {"lower", [](Interpreter&, const Value& v, CallArgs&) { return Value(ToLower(v.Str())); }},
       {"upper", [](Interpreter&, const Value& v, CallArgs&) { return Value(ToUpper(v.Str())); }},
       {"title", [](Interpreter&, const Value& v, CallArgs&) { return FilterTitle(v.Str()); }},
-      {"capitalize",
-       [](Interpreter&, const Value& v, CallArgs&) {
-         std::string s = ToLower(v.Str());
-         if (!s.empty()) s[0] = ToUpper(s.substr(0, 1))[0];
-         return Value(std::move(s));
-       }},
-      {"default",
-       [](Interpreter&, const Value& v, CallArgs& a) {
-         const Value* def = Arg(a, 0, "default_value");
-         bool boolean = ArgBool(a, 1, "boolean", false);
-         bool use_default = v.is_undefined() || (boolean && !v.Truthy());
-         return use_default ? (def ? *def : Value(std::string())) : v;
-       }},
+      {"capitalize", FilterCapitalize},
+      {"default", FilterDefault},
       {"first", [](Interpreter&, const Value& v, CallArgs&) { return FilterFirstLast(v, true); }},
       {"last", [](Interpreter&, const Value& v, CallArgs&) { return FilterFirstLast(v, false); }},
       {"list", [](Interpreter&, const Value& v, CallArgs&) { return Value(v.Iterate()); }},
-      {"reverse",
-       [](Interpreter&, const Value& v, CallArgs&) {
-         if (v.is_string()) {
-           auto cps = SplitCodePoints(v.as_string());
-           std::string out;
-           for (auto it = cps.rbegin(); it != cps.rend(); ++it) out.append(*it);
-           return Value(std::move(out));
-         }
-         List items = v.Iterate();
-         std::reverse(items.begin(), items.end());
-         return Value(std::move(items));
-       }},
-      {"abs",
-       [](Interpreter&, const Value& v, CallArgs&) {
-         return v.is_int() ? Value(v.as_int() < 0 ? -v.as_int() : v.as_int())
-                           : Value(std::fabs(v.as_number()));
-       }},
-      {"sum",
-       [](Interpreter& in, const Value& v, CallArgs&) {
-         Value total(0);
-         for (const Value& item : v.Iterate()) total = BinaryOp(in, "+", total, item);
-         return total;
-       }},
+      {"reverse", FilterReverse},
+      {"abs", FilterAbs},
+      {"sum", FilterSum},
       {"min",
        [](Interpreter& in, const Value& v, CallArgs&) { return FilterMinMax(in, v, false); }},
       {"max", [](Interpreter& in, const Value& v, CallArgs&) { return FilterMinMax(in, v, true); }},

@@ -99,6 +99,43 @@ Value Format(const std::string& s, CallArgs& a) {
   return Value(std::move(out));
 }
 
+Value Join(Interpreter& in, const std::string& s, CallArgs& a) {
+  std::string out;
+  bool first = true;
+  for (const Value& v : a.positional.empty() ? List{} : a.positional[0].Iterate()) {
+    if (!first) out += s;
+    first = false;
+    out += v.Str();
+    in.CheckSize(out.size());
+  }
+  return Value(std::move(out));
+}
+
+Value SplitLines(const std::string& s) {
+  List out;
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t e = s.find('\n', b);
+    if (e == std::string::npos) e = s.size();
+    out.emplace_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return Value(std::move(out));
+}
+
+// Python's str.title: a cased letter after an uncased one is upper.
+Value Title(const std::string& s) {
+  std::string out = s;
+  bool prev_cased = false;
+  for (char& c : out) {
+    bool upper = c >= 'A' && c <= 'Z', lower = c >= 'a' && c <= 'z';
+    if (upper && prev_cased) c = static_cast<char>(c - 'A' + 'a');
+    if (lower && !prev_cased) c = static_cast<char>(c - 'a' + 'A');
+    prev_cased = upper || lower;
+  }
+  return Value(std::move(out));
+}
+
 Value StringMethod(Interpreter& in, const std::string& s, const std::string& name, CallArgs& a,
                    bool* found) {
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -123,39 +160,9 @@ Value StringMethod(Interpreter& in, const std::string& s, const std::string& nam
     for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
     return Value(n);
   }
-  if (name == "join") {
-    std::string out;
-    bool first = true;
-    for (const Value& v : a.positional.empty() ? List{} : a.positional[0].Iterate()) {
-      if (!first) out += s;
-      first = false;
-      out += v.Str();
-      in.CheckSize(out.size());
-    }
-    return Value(std::move(out));
-  }
-  if (name == "splitlines") {
-    List out;
-    size_t b = 0;
-    while (b < s.size()) {
-      size_t e = s.find('\n', b);
-      if (e == std::string::npos) e = s.size();
-      out.emplace_back(s.substr(b, e - b));
-      b = e + 1;
-    }
-    return Value(std::move(out));
-  }
-  if (name == "title") {  // Python's str.title: a cased letter after an uncased one is upper
-    std::string out = s;
-    bool prev_cased = false;
-    for (char& c : out) {
-      bool upper = c >= 'A' && c <= 'Z', lower = c >= 'a' && c <= 'z';
-      if (upper && prev_cased) c = static_cast<char>(c - 'A' + 'a');
-      if (lower && !prev_cased) c = static_cast<char>(c - 'a' + 'A');
-      prev_cased = upper || lower;
-    }
-    return Value(std::move(out));
-  }
+  if (name == "join") return Join(in, s, a);
+  if (name == "splitlines") return SplitLines(s);
+  if (name == "title") return Title(s);
   // The rest map to filters of the same meaning.
   static const char* const kAsFilter[] = {"upper", "lower", "capitalize", "replace"};
   for (const char* f : kAsFilter) {
