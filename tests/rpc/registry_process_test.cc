@@ -11,6 +11,7 @@
 #include <future>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "rpc/registry_client.h"
 #include "rpc/registry_route.h"
 #include "rpc/test_util.h"
+#include "tests/rpc/cli_run.h"
 #include "tests/rpc/node_process.h"
 #include "tests/rpc/session_gate.h"
 #include "util/error.h"
@@ -388,6 +390,47 @@ TEST_P(RegistryMeshTest, AdminDrainMovesSessionsToAReplicaFoundInTheRegistry) {
 
 TEST_P(RegistryMeshTest, SigtermDrainMovesSessionsToAReplicaFoundInTheRegistry) {
   DrainAReplicaMidGeneration(/*by_signal=*/true);
+}
+
+// `meshnet status --registry`: every node with its range and state, and the
+// routes that can serve the model (two: one per replica of 2-3), as text and
+// as JSON; a drained replica shows as draining and leaves one route.
+TEST_P(RegistryMeshTest, StatusListsNodesRangesAndRoutesAndShowsADrain) {
+  auto status = [&](const std::string& output) {
+    const testing::CliResult r =
+        testing::RunCli(MESHNET_BINARY, {"status", "--registry", spec_, "--output", output}, 30);
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  const std::string text = status("text");
+  for (size_t k = 0; k < nodes_.size(); ++k) {
+    EXPECT_NE(text.find(nodes_[k]->address() + " "), std::string::npos) << text;
+  }
+  EXPECT_NE(text.find("routes: 2\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("draining"), std::string::npos) << text;
+  const nlohmann::json j = nlohmann::json::parse(status("json"));
+  ASSERT_EQ(j["models"].size(), 1u) << j.dump();
+  const nlohmann::json& m = j["models"][0];
+  EXPECT_EQ(m["model_id"], node::ModelIdentity(*File()));
+  ASSERT_EQ(m["nodes"].size(), 5u);
+  std::multiset<std::string> ranges;
+  for (const auto& n : m["nodes"]) {
+    ranges.insert(std::to_string(n["start_layer"].get<int>()) + "-" +
+                  std::to_string(n["end_layer"].get<int>()));
+  }
+  EXPECT_EQ(ranges, std::multiset<std::string>(std::begin(kLayers), std::end(kLayers)));
+  EXPECT_EQ(m["route_count"], 2);
+  for (const auto& route : m["routes"]) EXPECT_EQ(route.size(), 4u) << route.dump();
+
+  const DrainReport r = RequestDrain(nodes_[2]->address(), {}, Client());
+  EXPECT_EQ(r.sessions, 0);
+  const std::string after = status("text");
+  const size_t at = after.find(nodes_[2]->address() + " ");
+  ASSERT_NE(at, std::string::npos) << after;
+  EXPECT_NE(after.substr(at, after.find('\n', at) - at).find("draining"), std::string::npos)
+      << after;
+  EXPECT_NE(after.find("routes: 1\n"), std::string::npos) << after;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RegistryMeshTest, ::testing::Values(false, true),
