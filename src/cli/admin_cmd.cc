@@ -1,9 +1,10 @@
 // meshnet admin: operator requests to a running node.
 //
-//   meshnet admin drain ADDR --to ADDR2[,ADDR3]
+//   meshnet admin drain ADDR [--to ADDR2[,ADDR3]]
 //
 // asks the node at ADDR to stop taking new sessions and hand every live
-// session's KV to one of the replicas (rpc/drain.h). Prints one summary line
+// session's KV to one of the replicas (rpc/drain.h); without --to, a node
+// started with --registry finds them in its registry. Prints one summary line
 // on stdout and each refusal on stderr; exit 0 when the node answered.
 #include <cstdio>
 #include <memory>
@@ -59,7 +60,8 @@ const CommandRegistrar kRegistrar(
            "layer range (sessions no replica takes end with a miss and re-prefill elsewhere)");
        drain->add_option("address", f->address, "host:port of the node to drain")->required();
        drain->add_option("--to", f->to,
-                         "host:port,... of replicas of the same layer range (none: every "
+                         "host:port,... of replicas of the same layer range (none: the "
+                         "registry's replicas if the node has --registry, else every "
                          "session ends)");
        drain->add_option("--auth-token", f->auth_token,
                          "Cluster token (default: $MESHNET_AUTH_TOKEN)");
