@@ -173,6 +173,20 @@ class RegistryMeshTest : public ::testing::TestWithParam<bool> {
 
   void DrainAReplicaMidGeneration(bool by_signal);
 
+  // After a drain of nodes_[2]: no node but it ran a prefill since
+  // `prefill_before`, and `replica` imported `moved` sessions, all verified.
+  void ExpectNoPrefillAndVerifiedImports(const std::vector<double>& prefill_before,
+                                         const NodeProcess& replica, int64_t moved) {
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+      if (k == 2) continue;
+      EXPECT_EQ(Metric(*nodes_[k], "meshnet_prefill_tokens_total"), prefill_before[k])
+          << "node " << k;
+    }
+    EXPECT_EQ(Metric(replica, "meshnet_sessions_imported_total"), moved);
+    EXPECT_GE(Metric(replica, "meshnet_import_chunks_verified_total"), moved);
+    EXPECT_EQ(Metric(replica, "meshnet_imports_rejected_total"), 0);
+  }
+
   void TearDown() override {
     for (auto& n : nodes_) {
       if (HasFailure() && n && n->running()) std::cerr << n->Log();
@@ -374,14 +388,7 @@ void RegistryMeshTest::DrainAReplicaMidGeneration(bool by_signal) {
     EXPECT_EQ(WEXITSTATUS(status), 0);
     EXPECT_FALSE(Listed(drained.address())) << "a drained node withdraws its record";
   }
-  for (size_t k = 0; k < nodes_.size(); ++k) {
-    if (k == 2) continue;
-    EXPECT_EQ(Metric(*nodes_[k], "meshnet_prefill_tokens_total"), prefill_before[k])
-        << "node " << k;
-  }
-  EXPECT_EQ(Metric(replica, "meshnet_sessions_imported_total"), on_drained);
-  EXPECT_GE(Metric(replica, "meshnet_import_chunks_verified_total"), on_drained);
-  EXPECT_EQ(Metric(replica, "meshnet_imports_rejected_total"), 0);
+  ExpectNoPrefillAndVerifiedImports(prefill_before, replica, on_drained);
 }
 
 TEST_P(RegistryMeshTest, AdminDrainMovesSessionsToAReplicaFoundInTheRegistry) {
