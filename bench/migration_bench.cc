@@ -11,8 +11,10 @@
 //                         (0 = f32: 73.7 MB, 1 = f16). Counter vs_tcp: this
 //                         rate over the baseline's (goal >= 0.5).
 //   BM_ExportOnly         reading + CRC32C of the same export, no network.
-//   BM_Drain16            rpc::DrainSessions of 16 sessions of 256 tokens (a
-//                         4-layer head shard, f32) to a replica NodeServer.
+//   BM_Drain16/P          rpc::DrainSessions of 16 sessions of 256 tokens (a
+//                         4-layer head shard, f32) to a replica NodeServer,
+//                         P sessions at a time (DrainOptions::parallel; 4 is
+//                         the default, 1 the one-by-one baseline).
 //
 // The source node is in this process (its NodeCore is driven directly; the
 // bytes still cross loopback TCP to the target's gRPC server). The sessions'
@@ -212,6 +214,7 @@ void BM_Drain16(benchmark::State& state) {
     for (int i = 0; i < 16; ++i) ids.push_back(pair.AddSession(256));
     rpc::DrainOptions o;
     o.find_replicas = rpc::StaticReplicas({pair.server->bound_address()});
+    o.parallel = static_cast<int>(state.range(0));
     state.ResumeTiming();
     const rpc::DrainReport r = rpc::DrainSessions(*pair.core, o);
     state.PauseTiming();
@@ -222,7 +225,7 @@ void BM_Drain16(benchmark::State& state) {
   }
   state.counters["MB_moved"] = static_cast<double>(bytes) / 1e6;
 }
-BENCHMARK(BM_Drain16)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Drain16)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 
 }  // namespace
 

@@ -1,9 +1,10 @@
 // meshnet admin: operator requests to a running node.
 //
-//   meshnet admin drain ADDR --to ADDR2[,ADDR3]
+//   meshnet admin drain ADDR [--to ADDR2[,ADDR3]]
 //
 // asks the node at ADDR to stop taking new sessions and hand every live
-// session's KV to one of the replicas (rpc/drain.h). Prints one summary line
+// session's KV to one of the replicas (rpc/drain.h); without --to, a node
+// started with --registry finds them in its registry. Prints one summary line
 // on stdout and each refusal on stderr; exit 0 when the node answered.
 #include <cstdio>
 #include <memory>
@@ -55,7 +56,8 @@ const CommandRegistrar kRegistrar(
            "layer range (sessions no replica takes end with a miss and re-prefill elsewhere)");
        drain->add_option("address", f->address, "host:port of the node to drain")->required();
        drain->add_option("--to", f->to,
-                         "host:port,... of replicas of the same layer range (none: every "
+                         "host:port,... of replicas of the same layer range (none: the "
+                         "registry's replicas if the node has --registry, else every "
                          "session ends)");
        AddClientSecurityFlags(drain, &f->client, "Cluster token (default: $MESHNET_AUTH_TOKEN)",
                               "CA certificate (PEM) to verify the node");

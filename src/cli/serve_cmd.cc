@@ -6,7 +6,8 @@
 // --listen asks for port 0); with --metrics-listen the second is
 // "metrics on HOST:PORT". Logs go to stderr. SIGINT/SIGTERM stop accepting
 // calls and let in-flight steps finish (up to --grace seconds); with
-// --drain-to they first hand live sessions to replicas (serve_drain.h); before
+// --drain-to, or with --registry (its replicas of this range), they first
+// hand live sessions to replicas (serve_drain.h); before
 // the node serves, or a second time, they end the process at once.
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -150,8 +151,10 @@ int RunServe(const ServeFlags& f) {
   if (!server.metrics_address().empty()) {
     std::printf("metrics on %s\n", server.metrics_address().c_str());
   }
-  auto announced = StartServeRegistry(f.registry, server, options.auth_token, f.security.tls_ca,
-                                      f.security.tls_cert, f.security.tls_key, f.insecure);
+  std::shared_ptr<ServeRegistry> announced =
+      StartServeRegistry(f.registry, server, options.auth_token, f.security.tls_ca,
+                         f.security.tls_cert, f.security.tls_key, f.insecure);
+  InstallDrainHooks(server, announced);
   std::fflush(stdout);
   const kv::HotKvStateConfig& kc = node_options.kv_config;
   spdlog::info(
@@ -165,8 +168,7 @@ int RunServe(const ServeFlags& f) {
   const int sig = stop.Wait();
   spdlog::info("event=stopping signal={} grace_s={} drain_to={}",
                sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s, f.drain_to);
-  announced.reset();  // withdraw from the registry first: new sessions go elsewhere
-  StopServing(server, drain_to, f.grace_s);
+  StopServing(server, drain_to, std::move(announced), f.grace_s);
   spdlog::info("event=stopped");
   return 0;
 }
@@ -244,7 +246,8 @@ void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
   sub->add_option("--drain-to", f->drain_to,
                   "On SIGINT/SIGTERM, hand live sessions (their verified KV) to these "
                   "replicas of the same layer range (host:port,...) within --grace, "
-                  "instead of letting them re-prefill elsewhere");
+                  "instead of letting them re-prefill elsewhere (default with --registry: "
+                  "the registry's replicas of this range with room)");
   AddServeRegistryFlags(sub, &f->registry);
   sub->add_option("--max-new-sessions-per-minute", f->max_new_sessions_per_minute,
                   "Sessions one client (address, or client certificate) may open per "

@@ -4,8 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
-#include "rpc/drain.h"
+#include "util/error.h"
 
 namespace meshnet::cli {
 
@@ -20,9 +21,30 @@ rpc::ClientOptions DrainPeerOptions(const rpc::NodeServerOptions& server) {
   return peers;
 }
 
+rpc::ReplicaFinder RegistryReplicas(std::shared_ptr<ServeRegistry> registry) {
+  return [registry = std::move(registry)](const node::ShardInfo&, int64_t bytes) {
+    std::vector<std::string> out;
+    try {
+      for (const auto& r :
+           registry::FindReplicas(registry->registry(), registry->record(), bytes)) {
+        out.push_back(r.address);
+      }
+    } catch (const Error& e) {
+      spdlog::warn("event=replicas_unknown message=\"{}\"", e.what());
+    }
+    return out;
+  };
+}
+
+void InstallDrainHooks(rpc::NodeServer& server, const std::shared_ptr<ServeRegistry>& registry) {
+  if (!registry) return;
+  server.SetDrainHooks(RegistryReplicas(registry), [registry] { registry->SetDraining(true); });
+}
+
 void StopServing(rpc::NodeServer& server, const std::vector<std::string>& drain_to,
-                 double grace_s) {
-  if (drain_to.empty()) {
+                 std::shared_ptr<ServeRegistry> registry, double grace_s) {
+  server.SetDrainHooks({}, {});  // a late admin drain holds its own reference
+  if (drain_to.empty() && !registry) {
     server.Shutdown(grace_s);
     return;
   }
@@ -32,14 +54,17 @@ void StopServing(rpc::NodeServer& server, const std::vector<std::string>& drain_
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return std::max(0.0, grace_s - used);
   };
+  if (registry) registry->SetDraining(true);  // planners stop choosing this node
   rpc::DrainOptions o;
-  o.find_replicas = rpc::StaticReplicas(drain_to);
+  o.find_replicas = drain_to.empty() ? RegistryReplicas(registry) : rpc::StaticReplicas(drain_to);
   o.deadline_s = grace_s;
   const rpc::DrainReport r = server.Drain(o);
   for (const auto& note : r.notes) spdlog::warn("event=drain_note message=\"{}\"", note);
   const bool told = server.WaitMovesTold(left());
   spdlog::info("event=drain_done moved={} ended={} clients_told={} seconds={:.3f}", r.moved,
                r.ended, told, r.seconds);
+  o.find_replicas = {};
+  registry.reset();  // withdraws the record (unless a late admin drain still holds it)
   server.Shutdown(left());
 }
 

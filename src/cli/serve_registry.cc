@@ -22,7 +22,17 @@ class Running final : public ServeRegistry {
     if (page) page->Stop();
     if (server) server->Shutdown();
   }
-  void SetDraining(bool draining) override { announcer->SetDraining(draining); }
+  // At once in the registry (so a drain is visible before it moves anything),
+  // and in every later heartbeat.
+  void SetDraining(bool draining) override {
+    try {
+      client->SetDraining(node->bound_address(), draining);
+    } catch (const Error& e) {  // unreachable now: the announcer's beat retries
+      spdlog::warn("event=set_draining_failed registry={} message=\"{}\"", client->name(),
+                   e.what());
+    }
+    announcer->SetDraining(draining);
+  }
   registry::Registry& registry() override { return *client; }
   registry::NodeRecord record() const override { return rpc::NodeRecordOf(*node); }
   const rpc::NodeServer* node = nullptr;

@@ -25,8 +25,9 @@ struct ServeRegistryFlags {
 void AddServeRegistryFlags(CLI::App* sub, ServeRegistryFlags* f);
 
 // Whatever the flags started: stopped (record withdrawn, registry closed) on
-// destruction. For a drain: SetDraining(true) heartbeats at once with the
-// draining flag (clients stop routing new sessions here), and
+// destruction. For a drain: SetDraining(true) marks the record draining at
+// once and in every later heartbeat (clients stop routing new sessions here,
+// the status page shows it), and
 // registry::FindReplicas(registry(), record(), bytes) names the replicas of
 // this node's range with room for a session's KV.
 class ServeRegistry {

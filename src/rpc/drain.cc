@@ -2,8 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "proto/meshnet.grpc.pb.h"
@@ -11,6 +14,7 @@
 #include "rpc/migrate.h"
 #include "rpc/status.h"
 #include "util/error.h"
+#include "util/mutex.h"
 
 namespace meshnet::rpc {
 
@@ -62,6 +66,17 @@ ReplicaFinder StaticReplicas(std::vector<std::string> addresses) {
   return [addresses = std::move(addresses)](const node::ShardInfo&, int64_t) { return addresses; };
 }
 
+namespace {
+
+void Merge(const DrainReport& one, DrainReport* into) {
+  into->moved += one.moved;
+  into->ended += one.ended;
+  into->bytes_moved += one.bytes_moved;
+  into->notes.insert(into->notes.end(), one.notes.begin(), one.notes.end());
+}
+
+}  // namespace
+
 DrainReport DrainSessions(node::NodeCore& core, const DrainOptions& options) {
   const auto t0 = SteadyClock::now();
   const auto deadline =
@@ -71,10 +86,24 @@ DrainReport DrainSessions(node::NodeCore& core, const DrainOptions& options) {
   const std::vector<std::string> ids = core.MovableSessions();
   report.sessions = static_cast<int64_t>(ids.size());
   const node::ShardInfo self = core.node().Info();
-  spdlog::info("event=drain_begin sessions={}", ids.size());
-  for (const std::string& id : ids) {
-    DrainOne(core, id, self, options, SteadyClock::now() >= deadline, &report);
-  }
+  spdlog::info("event=drain_begin sessions={} parallel={}", ids.size(), options.parallel);
+  // Workers take the next session until none is left; each merges its own
+  // report under the lock (no lock is held across a transfer).
+  Mutex mu;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < ids.size();) {
+      DrainReport one;
+      DrainOne(core, ids[i], self, options, SteadyClock::now() >= deadline, &one);
+      MutexLock lock(&mu);
+      Merge(one, &report);
+    }
+  };
+  const size_t workers = std::min(ids.size(), static_cast<size_t>(std::max(1, options.parallel)));
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < workers; ++k) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
   report.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   spdlog::info("event=drain_end sessions={} moved={} ended={} bytes={} seconds={:.3f}",
                report.sessions, report.moved, report.ended, report.bytes_moved, report.seconds);

@@ -57,10 +57,25 @@ void NodeService::ImportSession(const std::function<bool(pb::SessionChunk*)>& re
   ServeImport(core_, read, response);
 }
 
+void NodeService::set_drain_hooks(ReplicaFinder finder, std::function<void()> on_drain) {
+  MutexLock lock(&hooks_mu_);
+  default_finder_ = std::move(finder);
+  on_drain_ = std::move(on_drain);
+}
+
 void NodeService::Drain(const pb::DrainRequest& request, pb::DrainResponse* response) {
   DrainOptions o;
-  o.find_replicas =
-      StaticReplicas(std::vector<std::string>(request.targets().begin(), request.targets().end()));
+  std::function<void()> on_drain;
+  {
+    MutexLock lock(&hooks_mu_);
+    o.find_replicas = default_finder_;
+    on_drain = on_drain_;
+  }
+  if (!request.targets().empty()) {
+    o.find_replicas = StaticReplicas(
+        std::vector<std::string>(request.targets().begin(), request.targets().end()));
+  }
+  if (on_drain) on_drain();
   o.client = peers_;
   o.deadline_s = peers_.timeout_s;
   const DrainReport r = DrainSessions(core_, o);

@@ -12,7 +12,9 @@
 #include "node/node.h"
 #include "node/node_core.h"
 #include "rpc/codec.h"
+#include "rpc/drain.h"
 #include "rpc/options.h"
+#include "util/mutex.h"
 
 namespace meshnet::rpc {
 
@@ -33,8 +35,11 @@ class NodeService {
                      const std::function<bool(const pb::SessionChunk&)>& write);
   void ImportSession(const std::function<bool(pb::SessionChunk*)>& read,
                      pb::ImportSessionResponse* response);
-  // Drains to the request's targets, reached with `peers` (set_peer_options).
+  // Drains to the request's targets, reached with `peers` (set_peer_options);
+  // with none, to the replicas the drain hooks' finder names. The hooks'
+  // on_drain runs first (e.g. marks this node draining in its registry).
   void Drain(const pb::DrainRequest& request, pb::DrainResponse* response);
+  void set_drain_hooks(ReplicaFinder finder, std::function<void()> on_drain);
   void set_peer_options(const ClientOptions& peers) { peers_ = peers; }
   const ClientOptions& peer_options() const { return peers_; }
 
@@ -45,6 +50,9 @@ class NodeService {
  private:
   node::NodeCore core_;
   ClientOptions peers_;
+  mutable Mutex hooks_mu_;  // the hooks are set while the node serves
+  ReplicaFinder default_finder_ GUARDED_BY(hooks_mu_);
+  std::function<void()> on_drain_ GUARDED_BY(hooks_mu_);
 };
 
 }  // namespace meshnet::rpc

@@ -255,6 +255,24 @@ void RegistryRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
   Log().info("event=node_dead node={}", endpoint.name());
 }
 
+std::shared_ptr<mesh::ShardEndpoint> RegistryRouteProvider::EndpointFor(
+    const std::string& address) {
+  if (address.empty()) return nullptr;
+  std::vector<registry::NodeRecord> nodes;
+  try {
+    nodes = impl_->Nodes();
+  } catch (const Error& e) {
+    Log().warn("event=move_not_followed node={} message=\"{}\"", address, e.what());
+    return nullptr;
+  }
+  for (const auto& r : nodes) {
+    if (r.address != address) continue;
+    MutexLock lock(&impl_->mu);
+    return impl_->EndpointLocked(address);
+  }
+  return nullptr;
+}
+
 std::map<std::string, int64_t> RegistryRouteProvider::planned() const {
   MutexLock lock(&impl_->mu);
   return impl_->picks;

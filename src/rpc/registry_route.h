@@ -48,6 +48,9 @@ class RegistryRouteProvider final : public mesh::RouteProvider {
 
   mesh::Route Plan() override;
   void MarkDead(const mesh::ShardEndpoint& endpoint) override;
+  // A "moved to ADDR" answer is followed only to a node the registry lists
+  // for this model (fresh, or the cached view); null for any other address.
+  std::shared_ptr<mesh::ShardEndpoint> EndpointFor(const std::string& address) override;
 
   // Sessions planned per node address so far.
   std::map<std::string, int64_t> planned() const;

@@ -289,6 +289,10 @@ DrainReport NodeServer::Drain(DrainOptions options) {
   return DrainSessions(impl_->node_service.core(), options);
 }
 
+void NodeServer::SetDrainHooks(ReplicaFinder finder, std::function<void()> on_drain) {
+  impl_->node_service.set_drain_hooks(std::move(finder), std::move(on_drain));
+}
+
 bool NodeServer::WaitMovesTold(double seconds) {
   return impl_->node_service.core().WaitMovesTold(seconds);
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,10 @@ class NodeServer {
   // keeps serving (moved sessions' next steps learn where they went).
   // `options.client` empty of a token: the server's peer options.
   DrainReport Drain(DrainOptions options);
+  // For a Drain call (`meshnet admin drain`) that names no targets: where
+  // replicas come from, and what to do first (a registry: mark this node
+  // draining). May be called while serving.
+  void SetDrainHooks(ReplicaFinder finder, std::function<void()> on_drain);
   // Waits up to `seconds` until every moved session's client was told.
   bool WaitMovesTold(double seconds);
   // The node's Info as MeshNode.Info answers it (for the registry announcer).

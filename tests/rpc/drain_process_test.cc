@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include <condition_variable>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -21,6 +20,7 @@
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/node_process.h"
+#include "tests/rpc/session_gate.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -84,31 +84,7 @@ class ReplicaProvider final : public mesh::RouteProvider {
   int mid_;
 };
 
-// Lets every session run to kPauseAt tokens, holds them there until Open().
-class Gate {
- public:
-  explicit Gate(int n) : waiting_for_(n) {}
-  void Arrive() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (--waiting_for_ == 0) cv_.notify_all();
-    cv_.wait_for(lock, std::chrono::seconds(120), [&] { return open_; });
-  }
-  bool AllArrived() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120), [&] { return waiting_for_ == 0; });
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int waiting_for_;
-  bool open_ = false;
-};
+using Gate = testing::SessionGate;  // holds sessions at kPauseAt tokens
 
 class DrainProcessTest : public ::testing::Test {
  protected:

@@ -11,6 +11,8 @@
 #include <future>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -19,10 +21,13 @@
 #include "mesh/in_process.h"
 #include "node/identity.h"
 #include "registry/etcd_test_util.h"
+#include "rpc/drain.h"
 #include "rpc/registry_client.h"
 #include "rpc/registry_route.h"
 #include "rpc/test_util.h"
+#include "tests/rpc/cli_run.h"
 #include "tests/rpc/node_process.h"
+#include "tests/rpc/session_gate.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -86,12 +91,13 @@ class RegistryMeshTest : public ::testing::TestWithParam<bool> {
   }
 
   std::unique_ptr<NodeProcess> Start(const std::string& layers) {
-    const std::vector<std::string> args = {"--model",        kModel,        "--layers",    layers,
-                                           "--listen",       "127.0.0.1:0", "--threads",   "1",
-                                           "--registry",     spec_,         "--lease-ttl", "2",
-                                           "--max-sessions", "32"};
+    const std::vector<std::string> args = {
+        "--model",          kModel,        "--layers",   layers, "--listen",       "127.0.0.1:0",
+        "--threads",        "1",           "--registry", spec_,  "--lease-ttl",    "2",
+        "--metrics-listen", "127.0.0.1:0", "--grace",    "60",   "--max-sessions", "32"};
     return std::make_unique<NodeProcess>(MESHNET_BINARY, args,
-                                         dir_.file("node-" + std::to_string(++started_) + ".log"));
+                                         dir_.file("node-" + std::to_string(++started_) + ".log"),
+                                         /*expect_metrics=*/true);
   }
 
   static ClientOptions Client() {
@@ -133,6 +139,52 @@ class RegistryMeshTest : public ::testing::TestWithParam<bool> {
       if (r.address == address) return true;
     }
     return false;
+  }
+
+  static double Metric(const NodeProcess& n, const std::string& series) {
+    return testing::MetricValue(testing::HttpGet(n.metrics_address(), "/metrics"), series);
+  }
+
+  // The registry's record of `address` (nullopt when not listed).
+  std::optional<registry::NodeRecord> Record(const std::string& address) {
+    for (const auto& r : reg_->List().nodes) {
+      if (r.address == address) return r;
+    }
+    return std::nullopt;
+  }
+
+  // Waits (bounded) until `n` has moved or ended `count` sessions, or is gone
+  // (it exits once every moved session's client was told).
+  static bool WaitDrained(const NodeProcess& n, int64_t count) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (Since(t0) < 60) {
+      const std::string m = testing::HttpGet(n.metrics_address(), "/metrics");
+      if (m.empty()) return true;
+      if (testing::MetricValue(m, "meshnet_sessions_moved_total") +
+              testing::MetricValue(m, "meshnet_sessions_ended_total") >=
+          static_cast<double>(count)) {
+        return true;
+      }
+      // A metrics poll: the drain runs in another process, nothing to wait on.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  void DrainAReplicaMidGeneration(bool by_signal);
+
+  // After a drain of nodes_[2]: no node but it ran a prefill since
+  // `prefill_before`, and `replica` imported `moved` sessions, all verified.
+  void ExpectNoPrefillAndVerifiedImports(const std::vector<double>& prefill_before,
+                                         const NodeProcess& replica, int64_t moved) {
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+      if (k == 2) continue;
+      EXPECT_EQ(Metric(*nodes_[k], "meshnet_prefill_tokens_total"), prefill_before[k])
+          << "node " << k;
+    }
+    EXPECT_EQ(Metric(replica, "meshnet_sessions_imported_total"), moved);
+    EXPECT_GE(Metric(replica, "meshnet_import_chunks_verified_total"), moved);
+    EXPECT_EQ(Metric(replica, "meshnet_imports_rejected_total"), 0);
   }
 
   void TearDown() override {
@@ -268,6 +320,124 @@ TEST_P(RegistryMeshTest, TheClientKeepsItsViewWhileTheRegistryIsDown) {
   const auto cached = mesh::Generate(*provider, Prompt(3), Options(8));
   EXPECT_TRUE(provider->used_cache());
   EXPECT_EQ(cached.generated_ids, first.generated_ids);
+}
+
+// Sixteen sessions spread over the two replicas of 2-3; replica nodes_[2] is
+// drained mid-generation (`meshnet admin drain` naming no target, or SIGTERM)
+// and finds the other replica in the registry: every session finishes with
+// the in-process text, no prefill ran anywhere after the drain began, and the
+// replica verified every moved session's checksums.
+void RegistryMeshTest::DrainAReplicaMidGeneration(bool by_signal) {
+  constexpr int kSessions = 16;
+  constexpr int kTokens = 40;
+  constexpr int kPauseAt = 6;
+  auto provider = Provider();
+  testing::SessionGate gate(kSessions);
+  std::vector<std::future<mesh::GenerateResult>> runs;
+  for (int i = 0; i < kSessions; ++i) {
+    runs.push_back(std::async(std::launch::async, [&, i] {
+      int seen = 0;
+      mesh::GenerateEvents ev;
+      ev.on_token = [&](int32_t) {
+        if (++seen == kPauseAt) gate.Arrive();
+      };
+      return mesh::Generate(*provider, Prompt(i % 4), Options(kTokens), ev);
+    }));
+  }
+  ASSERT_TRUE(gate.AllArrived());
+  NodeProcess& drained = *nodes_[2];
+  NodeProcess& replica = *nodes_[3];
+  const auto planned = provider->planned();
+  const int64_t on_drained = planned.count(drained.address()) ? planned.at(drained.address()) : 0;
+  const int64_t on_replica = planned.count(replica.address()) ? planned.at(replica.address()) : 0;
+  std::cout << "sessions per replica of 2-3: " << on_drained << " / " << on_replica << "\n";
+  EXPECT_EQ(on_drained + on_replica, kSessions);
+  EXPECT_GE(on_drained, 5);
+  EXPECT_GE(on_replica, 5);
+  std::vector<double> prefill_before;
+  for (const auto& n : nodes_) prefill_before.push_back(Metric(*n, "meshnet_prefill_tokens_total"));
+
+  std::thread stopper;
+  int status = -1;
+  if (by_signal) {
+    stopper = std::thread([&] { status = drained.Stop(SIGTERM, 120); });
+    EXPECT_TRUE(WaitDrained(drained, on_drained)) << drained.Log();
+  } else {
+    const DrainReport r = RequestDrain(drained.address(), {}, Client());
+    EXPECT_EQ(r.sessions, on_drained);
+    EXPECT_EQ(r.moved, on_drained);
+    EXPECT_EQ(r.ended, 0);
+    // The registry shows the drain, and planners leave the node out.
+    const auto rec = Record(drained.address());
+    ASSERT_TRUE(rec.has_value());
+    EXPECT_TRUE(rec->draining);
+  }
+  gate.Open();
+  int64_t moves = 0;
+  for (int i = 0; i < kSessions; ++i) {
+    const mesh::GenerateResult got = runs[i].get();
+    EXPECT_EQ(got.generated_ids, Reference(Prompt(i % 4), kTokens)) << "session " << i;
+    EXPECT_EQ(got.re_prefills, 0) << "session " << i;
+    EXPECT_EQ(got.failovers, 0) << "session " << i;
+    moves += got.moves;
+  }
+  EXPECT_EQ(moves, on_drained);
+  if (stopper.joinable()) stopper.join();
+  if (by_signal) {
+    ASSERT_TRUE(WIFEXITED(status)) << drained.Log();
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_FALSE(Listed(drained.address())) << "a drained node withdraws its record";
+  }
+  ExpectNoPrefillAndVerifiedImports(prefill_before, replica, on_drained);
+}
+
+TEST_P(RegistryMeshTest, AdminDrainMovesSessionsToAReplicaFoundInTheRegistry) {
+  DrainAReplicaMidGeneration(/*by_signal=*/false);
+}
+
+TEST_P(RegistryMeshTest, SigtermDrainMovesSessionsToAReplicaFoundInTheRegistry) {
+  DrainAReplicaMidGeneration(/*by_signal=*/true);
+}
+
+// `meshnet status --registry`: every node with its range and state, and the
+// routes that can serve the model (two: one per replica of 2-3), as text and
+// as JSON; a drained replica shows as draining and leaves one route.
+TEST_P(RegistryMeshTest, StatusListsNodesRangesAndRoutesAndShowsADrain) {
+  auto status = [&](const std::string& output) {
+    const testing::CliResult r =
+        testing::RunCli(MESHNET_BINARY, {"status", "--registry", spec_, "--output", output}, 30);
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  const std::string text = status("text");
+  for (size_t k = 0; k < nodes_.size(); ++k) {
+    EXPECT_NE(text.find(nodes_[k]->address() + " "), std::string::npos) << text;
+  }
+  EXPECT_NE(text.find("routes: 2\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("draining"), std::string::npos) << text;
+  const nlohmann::json j = nlohmann::json::parse(status("json"));
+  ASSERT_EQ(j["models"].size(), 1u) << j.dump();
+  const nlohmann::json& m = j["models"][0];
+  EXPECT_EQ(m["model_id"], node::ModelIdentity(*File()));
+  ASSERT_EQ(m["nodes"].size(), 5u);
+  std::multiset<std::string> ranges;
+  for (const auto& n : m["nodes"]) {
+    ranges.insert(std::to_string(n["start_layer"].get<int>()) + "-" +
+                  std::to_string(n["end_layer"].get<int>()));
+  }
+  EXPECT_EQ(ranges, std::multiset<std::string>(std::begin(kLayers), std::end(kLayers)));
+  EXPECT_EQ(m["route_count"], 2);
+  for (const auto& route : m["routes"]) EXPECT_EQ(route.size(), 4u) << route.dump();
+
+  const DrainReport r = RequestDrain(nodes_[2]->address(), {}, Client());
+  EXPECT_EQ(r.sessions, 0);
+  const std::string after = status("text");
+  const size_t at = after.find(nodes_[2]->address() + " ");
+  ASSERT_NE(at, std::string::npos) << after;
+  EXPECT_NE(after.substr(at, after.find('\n', at) - at).find("draining"), std::string::npos)
+      << after;
+  EXPECT_NE(after.find("routes: 1\n"), std::string::npos) << after;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RegistryMeshTest, ::testing::Values(false, true),
