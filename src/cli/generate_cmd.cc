@@ -244,7 +244,7 @@ int RunGenerate(const GenerateFlags& f) {
   return RunOneGeneration(f, *route.provider, tokenizer, prompt_ids, options);
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kGenerateCommand(
     {"generate",
      "Generate text over a route of shards (in-process by default, gRPC nodes with --nodes or "
      "--registry)",

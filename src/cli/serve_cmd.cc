@@ -177,7 +177,7 @@ int RunServe(const ServeFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kServeCommand(
     {"serve", "Serve a layer range of a model as a mesh node over gRPC",
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<ServeFlags>();
