@@ -8,18 +8,18 @@
 namespace meshnet::api {
 namespace {
 
-using json = nlohmann::ordered_json;
+using nlohmann::ordered_json;
 
 constexpr size_t kMaxStops = 4;  // OpenAI's limit
 
-const json* Field(const json& body, const char* name) {
+const ordered_json* Field(const ordered_json& body, const char* name) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return nullptr;
   return &*it;
 }
 
-float NumberIn(const json& body, const char* name, float fallback, double lo, double hi) {
-  const json* v = Field(body, name);
+float NumberIn(const ordered_json& body, const char* name, float fallback, double lo, double hi) {
+  const ordered_json* v = Field(body, name);
   if (v == nullptr) return fallback;
   if (!v->is_number()) ThrowBadRequest(std::string("'") + name + "' must be a number", name);
   const double d = v->get<double>();
@@ -31,17 +31,17 @@ float NumberIn(const json& body, const char* name, float fallback, double lo, do
   return static_cast<float>(d);
 }
 
-bool BoolField(const json& body, const char* name) {
-  const json* v = Field(body, name);
+bool BoolField(const ordered_json& body, const char* name) {
+  const ordered_json* v = Field(body, name);
   if (v == nullptr) return false;
   if (!v->is_boolean()) ThrowBadRequest(std::string("'") + name + "' must be a boolean", name);
   return v->get<bool>();
 }
 
-std::optional<int> MaxTokens(const json& body) {
+std::optional<int> MaxTokens(const ordered_json& body) {
   std::optional<int> out;
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
-    const json* v = Field(body, name);
+    const ordered_json* v = Field(body, name);
     if (v == nullptr) continue;
     if (!v->is_number_integer()) {
       ThrowBadRequest(std::string("'") + name + "' must be an integer", name);
@@ -55,15 +55,15 @@ std::optional<int> MaxTokens(const json& body) {
   return out;
 }
 
-std::vector<std::string> Stops(const json& body) {
-  const json* v = Field(body, "stop");
+std::vector<std::string> Stops(const ordered_json& body) {
+  const ordered_json* v = Field(body, "stop");
   if (v == nullptr) return {};
   std::vector<std::string> out;
   if (v->is_string()) {
     out.push_back(v->get<std::string>());
   } else if (v->is_array()) {
     if (v->size() > kMaxStops) ThrowBadRequest("'stop' holds at most 4 sequences", "stop");
-    for (const json& s : *v) {
+    for (const ordered_json& s : *v) {
       if (!s.is_string()) ThrowBadRequest("'stop' entries must be strings", "stop");
       out.push_back(s.get<std::string>());
     }
@@ -76,13 +76,13 @@ std::vector<std::string> Stops(const json& body) {
   return out;
 }
 
-std::string FlattenContent(const json& content, size_t index) {
+std::string FlattenContent(const ordered_json& content, size_t index) {
   const std::string param = "messages[" + std::to_string(index) + "].content";
   if (content.is_null()) return "";
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) ThrowBadRequest("content must be a string or an array of parts", param);
   std::string out;
-  for (const json& part : content) {
+  for (const ordered_json& part : content) {
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       ThrowBadRequest("only text content parts ({\"type\":\"text\",\"text\":...}) are supported",
@@ -93,8 +93,8 @@ std::string FlattenContent(const json& content, size_t index) {
   return out;
 }
 
-void ParsePrompt(const json& body, CompletionRequest& r) {
-  const json* p = Field(body, "prompt");
+void ParsePrompt(const ordered_json& body, CompletionRequest& r) {
+  const ordered_json* p = Field(body, "prompt");
   if (p == nullptr) ThrowBadRequest("'prompt' is required", "prompt");
   if (p->is_string()) {
     r.prompt_text = p->get<std::string>();
@@ -107,7 +107,7 @@ void ParsePrompt(const json& body, CompletionRequest& r) {
   if (!p->is_array() || p->empty()) {
     ThrowBadRequest("'prompt' must be a string or a non-empty array of token ids", "prompt");
   }
-  for (const json& id : *p) {
+  for (const ordered_json& id : *p) {
     if (!id.is_number_integer()) {
       ThrowBadRequest("'prompt' arrays must hold token ids (one prompt per request)", "prompt");
     }
@@ -121,22 +121,22 @@ void ParsePrompt(const json& body, CompletionRequest& r) {
 
 }  // namespace
 
-json ParseJsonBody(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+ordered_json ParseJsonBody(const std::string& body) {
+  ordered_json j = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) ThrowBadRequest("the request body is not valid JSON", "", "invalid_json");
   if (!j.is_object()) ThrowBadRequest("the request body must be a JSON object");
   return j;
 }
 
-std::vector<ChatMessage> ParseMessages(const json& messages) {
+std::vector<ChatMessage> ParseMessages(const ordered_json& messages) {
   if (!messages.is_array()) ThrowBadRequest("'messages' must be an array", "messages");
   if (messages.empty()) ThrowBadRequest("'messages' must not be empty", "messages");
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const json& m = messages[i];
+    const ordered_json& m = messages[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) ThrowBadRequest("each message must be an object", param);
-    const json* role = Field(m, "role");
+    const ordered_json* role = Field(m, "role");
     if (role == nullptr || !role->is_string()) {
       ThrowBadRequest("each message needs a string 'role'", param + ".role");
     }
@@ -146,7 +146,7 @@ std::vector<ChatMessage> ParseMessages(const json& messages) {
         msg.role != "assistant" && msg.role != "tool") {
       ThrowBadRequest("unknown role '" + msg.role + "'", param + ".role");
     }
-    const json* content = Field(m, "content");
+    const ordered_json* content = Field(m, "content");
     if (content == nullptr && !(msg.role == "assistant" && m.contains("tool_calls"))) {
       ThrowBadRequest("each message needs 'content'", param + ".content");
     }
@@ -160,23 +160,23 @@ std::vector<ChatMessage> ParseMessages(const json& messages) {
   return out;
 }
 
-CompletionRequest ParseCompletionRequest(const json& body, bool chat) {
+CompletionRequest ParseCompletionRequest(const ordered_json& body, bool chat) {
   CompletionRequest r;
   r.chat = chat;
-  if (const json* m = Field(body, "model")) {
+  if (const ordered_json* m = Field(body, "model")) {
     if (!m->is_string()) ThrowBadRequest("'model' must be a string", "model");
     r.model = m->get<std::string>();
   }
-  if (const json* n = Field(body, "n")) {
+  if (const ordered_json* n = Field(body, "n")) {
     if (!n->is_number_integer() || n->get<int64_t>() != 1) {
       ThrowBadRequest("only n = 1 is supported, got " + n->dump(), "n");
     }
   }
   if (chat) {
-    const json* m = Field(body, "messages");
+    const ordered_json* m = Field(body, "messages");
     if (m == nullptr) ThrowBadRequest("'messages' is required", "messages");
     r.messages = ParseMessages(*m);
-    if (const json* t = Field(body, "tools")) {
+    if (const ordered_json* t = Field(body, "tools")) {
       if (!t->is_array()) ThrowBadRequest("'tools' must be an array", "tools");
       r.tools = *t;
     }
@@ -187,26 +187,26 @@ CompletionRequest ParseCompletionRequest(const json& body, bool chat) {
   r.temperature = NumberIn(body, "temperature", 1.0f, 0.0, 2.0);
   r.top_p = NumberIn(body, "top_p", 1.0f, 0.0, 1.0);
   if (r.top_p <= 0.0f) ThrowBadRequest("'top_p' must be greater than 0", "top_p");
-  if (const json* k = Field(body, "top_k")) {
+  if (const ordered_json* k = Field(body, "top_k")) {
     if (!k->is_number_integer() || k->get<int64_t>() < 0 ||
         k->get<int64_t>() > std::numeric_limits<int>::max()) {
       ThrowBadRequest("'top_k' must be a non-negative integer", "top_k");
     }
     r.top_k = k->get<int>();
   }
-  if (const json* s = Field(body, "seed")) {
+  if (const ordered_json* s = Field(body, "seed")) {
     if (!s->is_number_integer()) ThrowBadRequest("'seed' must be an integer", "seed");
     r.seed =
         s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   }
   r.stop = Stops(body);
   r.stream = BoolField(body, "stream");
-  if (const json* so = Field(body, "stream_options")) {
+  if (const ordered_json* so = Field(body, "stream_options")) {
     if (!so->is_object()) ThrowBadRequest("'stream_options' must be an object", "stream_options");
     if (!r.stream) ThrowBadRequest("'stream_options' needs 'stream': true", "stream_options");
     r.include_usage = BoolField(*so, "include_usage");
   }
-  if (const json* u = Field(body, "user"); u != nullptr && !u->is_string()) {
+  if (const ordered_json* u = Field(body, "user"); u != nullptr && !u->is_string()) {
     ThrowBadRequest("'user' must be a string", "user");
   }
   return r;

@@ -46,7 +46,7 @@ int RunDrain(const DrainFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kAdminCommand(
     {"admin", "Operator requests to a running node (drain)", [](CLI::App* sub, int* exit_code) {
        sub->require_subcommand(1);
        auto f = std::make_shared<DrainFlags>();

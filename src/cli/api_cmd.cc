@@ -272,7 +272,7 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   AddBatchFlags(sub, &f->batch, "each in-process shard");
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kApiCommand(
     {"api", "Serve the OpenAI-compatible HTTP API (and a chat page) over a route of shards",
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<ApiFlags>();

@@ -326,7 +326,7 @@ void SetupGenerate(CLI::App* sub, int* exit_code) {
   });
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kGenerateCommand(
     {"generate",
      "Generate text over a route of shards (in-process by default, gRPC nodes with --nodes or "
      "--registry)",

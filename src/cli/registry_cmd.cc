@@ -63,7 +63,7 @@ int RunRegistry(const RegistryFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kRegistryCommand(
     {"registry", "Serve the embedded node registry (leases, watch, status page)",
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<RegistryFlags>();

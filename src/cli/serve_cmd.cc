@@ -262,9 +262,9 @@ void SetupServe(CLI::App* sub, int* exit_code) {
   sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
 }
 
-const CommandRegistrar kRegistrar({"serve",
-                                   "Serve a layer range of a model as a mesh node over gRPC",
-                                   SetupServe});
+const CommandRegistrar kServeCommand({"serve",
+                                      "Serve a layer range of a model as a mesh node over gRPC",
+                                      SetupServe});
 
 }  // namespace
 }  // namespace meshnet::cli

@@ -39,7 +39,7 @@ int RunStatus(const StatusFlags& f) {
   return 0;
 }
 
-const CommandRegistrar kRegistrar(
+const CommandRegistrar kStatusCommand(
     {"status", "Nodes, ranges, load, free KV and routes known to a registry",
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<StatusFlags>();

@@ -2,8 +2,6 @@
 
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
-#include <spdlog/cfg/env.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <future>
 
 #include "mesh/route_planner.h"
+#include "rpc/client_log.h"
 #include "rpc/remote.h"
 #include "util/error.h"
 #include "util/mutex.h"
@@ -20,26 +19,6 @@ namespace meshnet::rpc {
 namespace {
 
 using SteadyTime = std::chrono::steady_clock::time_point;
-
-// The client's logger (stderr: stdout carries generated text), shared with
-// rpc/remote.cc: warnings and up, unless SPDLOG_LEVEL says otherwise (e.g.
-// SPDLOG_LEVEL=meshnet.rpc=debug shows every node's route cost).
-spdlog::logger& Log() {
-  static const std::shared_ptr<spdlog::logger> logger = [] {
-    std::shared_ptr<spdlog::logger> l = spdlog::get("meshnet.rpc");
-    if (!l) {
-      try {
-        l = spdlog::stderr_color_mt("meshnet.rpc");
-        l->set_level(spdlog::level::warn);
-      } catch (const spdlog::spdlog_ex&) {  // created by remote.cc meanwhile
-        l = spdlog::get("meshnet.rpc");
-      }
-    }
-    spdlog::cfg::load_env_levels();
-    return l;
-  }();
-  return *logger;
-}
 
 double SecondsSince(SteadyTime t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -105,7 +84,7 @@ std::vector<registry::NodeRecord> RegistryRouteProvider::Impl::Nodes() {
   try {
     registry::Snapshot s = registry->List(model_id);
     MutexLock lock(&mu);
-    if (used_cache) Log().info("event=registry_back registry={}", registry->name());
+    if (used_cache) ClientLog().info("event=registry_back registry={}", registry->name());
     cache = s;
     have_cache = true;
     used_cache = false;
@@ -118,8 +97,8 @@ std::vector<registry::NodeRecord> RegistryRouteProvider::Impl::Nodes() {
                   std::string("registry unreachable and no cached view: ") + e.what());
     }
     if (!used_cache) {
-      Log().warn("event=registry_cached registry={} nodes={} reason=\"{}\"", registry->name(),
-                 cache.nodes.size(), e.what());
+      ClientLog().warn("event=registry_cached registry={} nodes={} reason=\"{}\"", registry->name(),
+                       cache.nodes.size(), e.what());
     }
     used_cache = true;
     return cache.nodes;
@@ -231,7 +210,7 @@ mesh::Route RegistryRouteProvider::Plan() {
   mesh::Route route;
   for (size_t i = 0; i < nodes.size(); ++i) {
     m.costs[nodes[i].address] = costs[i];
-    Log().debug(
+    ClientLog().debug(
         "event=route_cost node={} layers={}-{} rtt_ms={:.3f} load={} kv_free={} cost={:.3f}",
         nodes[i].address, nodes[i].start_layer, nodes[i].end_layer, m.rtt[nodes[i].address].ms,
         nodes[i].in_flight_steps + nodes[i].live_sessions, nodes[i].kv_bytes_free, costs[i]);
@@ -240,7 +219,7 @@ mesh::Route RegistryRouteProvider::Plan() {
     ++m.picks[nodes[k].address];
     route.hops.push_back(m.EndpointLocked(nodes[k].address));
   }
-  Log().info("event=route_planned route=\"{}\" cached={}", route.Describe(), m.used_cache);
+  ClientLog().info("event=route_planned route=\"{}\" cached={}", route.Describe(), m.used_cache);
   return route;
 }
 
@@ -252,7 +231,7 @@ void RegistryRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
   }
   impl_->dead[endpoint.name()] = {std::chrono::steady_clock::now(), instance};
   impl_->rtt.erase(endpoint.name());
-  Log().info("event=node_dead node={}", endpoint.name());
+  ClientLog().info("event=node_dead node={}", endpoint.name());
 }
 
 std::shared_ptr<mesh::ShardEndpoint> RegistryRouteProvider::EndpointFor(
@@ -262,7 +241,7 @@ std::shared_ptr<mesh::ShardEndpoint> RegistryRouteProvider::EndpointFor(
   try {
     nodes = impl_->Nodes();
   } catch (const Error& e) {
-    Log().warn("event=move_not_followed node={} message=\"{}\"", address, e.what());
+    ClientLog().warn("event=move_not_followed node={} message=\"{}\"", address, e.what());
     return nullptr;
   }
   for (const auto& r : nodes) {

@@ -1,7 +1,6 @@
 #include "rpc/remote.h"
 
 #include <grpcpp/grpcpp.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/channel.h"
+#include "rpc/client_log.h"
 #include "rpc/codec.h"
 #include "rpc/migrate.h"
 #include "rpc/status.h"
@@ -25,18 +25,6 @@
 namespace meshnet::rpc {
 
 namespace {
-
-// Client logs go to stderr (stdout carries generated text), warnings and up
-// unless the "meshnet.rpc" logger is configured otherwise.
-spdlog::logger& Log() {
-  static const std::shared_ptr<spdlog::logger> logger = [] {
-    if (auto existing = spdlog::get("meshnet.rpc")) return existing;
-    auto l = spdlog::stderr_color_mt("meshnet.rpc");
-    l->set_level(spdlog::level::warn);
-    return l;
-  }();
-  return *logger;
-}
 
 std::chrono::system_clock::time_point After(double seconds) { return DeadlineAfter(seconds); }
 
@@ -132,8 +120,8 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < o.step_retries &&
         impl_->channel->WaitForConnected(After(o.connect_timeout_s))) {
-      Log().debug("event=step_retry node={} step={} reason=\"{}\"", impl_->address, request.step_id,
-                  s.error_message());
+      ClientLog().debug("event=step_retry node={} step={} reason=\"{}\"", impl_->address,
+                        request.step_id, s.error_message());
       continue;
     }
     ThrowForStatus(s, ctx, impl_->address, "Step");
@@ -219,7 +207,7 @@ void RemoteEndpoint::Release(const std::string& session_id, const std::string& s
   try {
     ReleaseOrThrow(session_id, session_secret, route_epoch);
   } catch (const Error& e) {
-    Log().debug("event=release_failed message=\"{}\"", e.what());  // best effort
+    ClientLog().debug("event=release_failed message=\"{}\"", e.what());  // best effort
   }
 }
 
@@ -346,7 +334,7 @@ std::shared_ptr<mesh::ShardEndpoint> RemoteRouteProvider::EndpointFor(const std:
   for (const auto& ep : impl_->endpoints) {
     if (ep->name() == address) return ep;
   }
-  Log().warn("event=move_ignored to={} reason=\"not one of --nodes\"", address);
+  ClientLog().warn("event=move_ignored to={} reason=\"not one of --nodes\"", address);
   return nullptr;
 }
 
@@ -358,7 +346,7 @@ void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
     st.dead = true;
     st.dead_since = std::chrono::steady_clock::now();
     st.dead_instance = st.last_instance;
-    Log().info("event=node_dead node={}", endpoint.name());
+    ClientLog().info("event=node_dead node={}", endpoint.name());
   }
 }
 
@@ -374,7 +362,7 @@ std::vector<size_t> RemoteRouteProvider::Impl::UsableLocked(Survey& survey) {
       const double dead_for = std::chrono::duration<double>(now - st.dead_since).count();
       if (info->instance_id != st.dead_instance || dead_for >= options.dead_cooldown_s) {
         st.dead = false;  // restarted, or cooled down
-        Log().info("event=node_back node={}", endpoints[i]->name());
+        ClientLog().info("event=node_back node={}", endpoints[i]->name());
       } else {
         survey.notes.push_back(endpoints[i]->name() + " marked dead");
         continue;
