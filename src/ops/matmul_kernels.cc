@@ -26,6 +26,7 @@
 #include "ops/half_inline.h"
 #include "ops/matmul_formats-inl.h"
 #include "ops/matmul_kernels.h"
+#include "ops/matmul_kquant_x86-inl.h"
 #include "ops/matmul_x86-inl.h"
 #include "ops/matmul_x86_b32-inl.h"
 #include "ops/quantize.h"
@@ -272,7 +273,7 @@ void MatMulQuantRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, 
                          int64_t n_tokens, float* y) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   if (Block32MatMulRows(w, r_begin, r_end, a, n_tokens, y)) return;
-  if (Int8MatMulRows(w, r_begin, r_end, a, n_tokens, y)) return;
+  if (KQuantMatMulRows(w, r_begin, r_end, a, n_tokens, y)) return;
 #endif
   switch (w.type) {
     case GgmlType::kQ8_0:

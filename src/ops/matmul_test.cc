@@ -45,7 +45,8 @@ Weights MakeWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
 // Uniformly random block bytes (every code, scale and sign bit pattern,
 // e.g. Q8_0's -128 that no quantizer writes) with the f16 scale fields set to
 // random finite halves in [2^-10, 2^-4), of either sign for d.
-Weights RandomBitWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+// fill >= 0: every byte but the f16 fields is fill instead.
+Weights RandomBitWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed, int fill = -1) {
   struct Fields {
     GgmlType type;
     int block_bytes, d_at, dmin_at;  // byte offsets of the f16 fields (-1: none)
@@ -70,7 +71,7 @@ Weights RandomBitWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t see
   Weights out;
   const int64_t rb = RowBytes(type, cols);
   out.bytes.resize(static_cast<size_t>(rb * rows));
-  for (auto& b : out.bytes) b = static_cast<uint8_t>(rng());
+  for (auto& b : out.bytes) b = static_cast<uint8_t>(fill >= 0 ? fill : rng());
   for (size_t at = 0; at < out.bytes.size(); at += static_cast<size_t>(f.block_bytes)) {
     const uint16_t d = half(true);
     std::memcpy(out.bytes.data() + at + f.d_at, &d, 2);
@@ -319,6 +320,39 @@ TEST(MatMul, Block32TilesAtEdgeSizes) {
     for (GgmlType type : types) {
       CheckType(type, {{1, 352, 4}, {2, 352, 5}, {3, 544, 7}, {4, 256, 8}, {5, 96, 3}});
       CheckType(type, {{3, 352, 6}, {1, 544, 1}, {2, 224, 9}}, /*random_bits=*/true);
+    }
+  });
+}
+
+// The int8 kernels sum pair products of several blocks in int16 before
+// scaling: every code at its largest (all bits set) times activations of
+// +-127 of one sign is the worst case, in the decode matvec and in token tiles.
+TEST(MatMul, KQuantsAtTheLargestCodesAndActivations) {
+  ForEachSimdTarget([] {
+    for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                          GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
+      const int64_t rows = 3, cols = 512, n_tokens = 6;
+      const Weights wt = RandomBitWeights(type, rows, cols, 31, /*fill=*/0xFF);
+      std::vector<float> x(static_cast<size_t>(n_tokens * cols));
+      for (int64_t t = 0; t < n_tokens; ++t) {  // +1, -1, then mixed signs per 256
+        for (int64_t i = 0; i < cols; ++i) {
+          x[t * cols + i] = (t == 0 || (t > 1 && (i / 256 + t) % 2 == 0)) ? 1.0f : -1.0f;
+        }
+      }
+      for (int64_t nt : {int64_t{1}, n_tokens}) {
+        std::vector<float> y(static_cast<size_t>(nt * rows)), want(y.size());
+        std::vector<uint8_t> scratch(MatMulScratchBytes(type, nt, cols));
+        MatMul(wt.w, x.data(), nt, y.data(), scratch.data(), nullptr);
+        MatMulReferenceQuantized(wt.w, x.data(), nt, want.data());
+        for (int64_t t = 0; t < nt; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            double mag = 0;
+            for (int64_t i = 0; i < cols; ++i) mag += std::fabs(wt.dequant[r * cols + i]);
+            ASSERT_NEAR(y[t * rows + r], want[t * rows + r], 2e-5 * mag + 1e-6)
+                << GgmlTypeInfoOf(type).name << " token " << t << " of " << nt << " row " << r;
+          }
+        }
+      }
     }
   });
 }

@@ -1,0 +1,380 @@
+// Internal: int8 matmul kernels for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K) and IQ4_XS on the x86 Highway targets with AVX2 (AVX2 and the AVX-512
+// targets, which run them on 256-bit vectors). Included by matmul_kernels.cc
+// once per target after matmul_x86-inl.h, whose helpers it uses; other targets
+// keep the portable int16 QuantTile there. Intrinsics for the same reason as
+// there: vpmaddubsw is not exposed by Debian's Highway.
+//
+// Per 256-element super-block and token: each 32-block's codes are one vector
+// of bytes, multiplied with the int8 activations by vpmaddubsw (int16 pair
+// sums), then by the 16-block scales and summed pairwise by vpmaddwd into an
+// int32 sum over the super-block (exact), scaled once by d * d_x, as GGML
+// does. The cost is in those two multiplies (one port on the machines we
+// measured), so everything else per block is kept to a few cheap ops:
+// - Codes are unsigned wherever the format allows: Q3_K's code + 4 and Q6_K's
+//   code + 32 (no sign trick), the constant going into the offset term with
+//   Q4_K/Q5_K's and Q2_K's mins. The offset term of a super-block is one or
+//   two float FMAs of its per-sub-block offsets with the activations'
+//   precomputed d * sum(q) (per 32-block, or per 16-block).
+// - The scales are unpacked once per super-block into one int16 vector (lane
+//   0 holds the even 16-blocks' scales, lane 1 the odd ones'), so a block's
+//   scale vector is one in-lane byte shuffle.
+// A tile is one weight row x T tokens: the block's codes and scales are
+// decoded once and reused for the T tokens (T = 1 is the decode matvec).
+//
+// Per-target include guard (Highway's -inl.h convention).
+#if defined(MESHNET_OPS_MATMUL_KQUANT_X86_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MESHNET_OPS_MATMUL_KQUANT_X86_INL_H_
+#undef MESHNET_OPS_MATMUL_KQUANT_X86_INL_H_
+#else
+#define MESHNET_OPS_MATMUL_KQUANT_X86_INL_H_
+#endif
+
+#include <cstring>
+#include <utility>
+
+#include "hwy/highway.h"
+#include "ops/matmul_formats-inl.h"
+#include "ops/matmul_kernels.h"
+#include "ops/matmul_x86-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace meshnet::ops::internal {
+namespace HWY_NAMESPACE {
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
+// A super-block's float scale d, its 16-block scales as int16 (lane 0 word j:
+// 16-block 2j's, lane 1 word j: 16-block 2j+1's, i.e. 32-block j's two halves)
+// and the offsets subtracted from the dot: off[0] per 32-block (kOff == 1,
+// times the activations' per-32-block d*sum(q)) or off[0..1] per 16-block
+// (kOff == 2, times the per-16-block d*sum(q)).
+struct KHead {
+  float d;
+  __m256i sc;
+  __m256 off[2];
+};
+
+// 16 int8 scales of the 16-blocks, in order.
+HWY_INLINE __m256i Scales16(__m128i sc) {
+  const __m128i deinterleave = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, deinterleave));
+}
+// 8 int16 scales of the 32-blocks (both halves of a 32-block share one).
+HWY_INLINE __m256i Scales32(__m128i sc16) { return _mm256_set_m128i(sc16, sc16); }
+
+// c times the 16 int8 values of v, as floats (off[0]: 0-7, off[1]: 8-15).
+HWY_INLINE void Offsets16(__m128i v, float c, __m256* off) {
+  const __m256 vc = _mm256_set1_ps(c);
+  off[0] = _mm256_mul_ps(vc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+  off[1] = _mm256_mul_ps(vc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+}
+
+// The int16 scales of 32-block J's pair sums (word J of each lane, broadcast).
+template <int J>
+HWY_INLINE __m256i BlockScale(const KHead& h) {
+  return _mm256_shuffle_epi8(h.sc,
+                             _mm256_set1_epi16(static_cast<int16_t>((2 * J + 1) << 8 | 2 * J)));
+}
+
+// Q2_K/Q3_K: 32-block J's 2-bit codes are bits 2*(J%4) of 32 bytes at qs + 32*(J/4).
+template <int J>
+HWY_INLINE __m256i TwoBits(const uint8_t* qs) {
+  return _mm256_and_si256(ShiftBits<-2 * (J % 4)>(Load32(qs + 32 * (J / 4))), Bytes(3));
+}
+
+// Q4_K/Q5_K's 12 packed scale bytes at p: bytes 0-7 the 6-bit scales, 8-15
+// the mins (the layout of Q4KPackedScales, in two 64-bit words).
+HWY_INLINE __m128i Q4KScaleBytes(const uint8_t* p) {
+  uint64_t u01;
+  uint32_t u2;
+  std::memcpy(&u01, p, 8);
+  std::memcpy(&u2, p + 8, 4);
+  const uint64_t u0 = u01 & 0xFFFFFFFFu, u1 = u01 >> 32;
+  // Scales / mins 4-7: low nibbles from u2, top 2 bits from bits 6-7 of u0 / u1.
+  const uint64_t hi_sc = (u2 & 0x0F0F0F0Fu) | ((u0 >> 2) & 0x30303030u);
+  const uint64_t hi_m = ((u2 >> 4) & 0x0F0F0F0Fu) | ((u1 >> 2) & 0x30303030u);
+  const uint64_t sc = (u0 & 0x3F3F3F3Fu) | hi_sc << 32;
+  const uint64_t m = (u1 & 0x3F3F3F3Fu) | hi_m << 32;
+  return _mm_set_epi64x(static_cast<int64_t>(m), static_cast<int64_t>(sc));
+}
+
+struct KQ4_K {  // value = d*sc*code - dmin*m per 32-block
+  static constexpr int kBytes = 144, kOff = 1, kFold = 4;
+  static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
+    const __m128i sm = Q4KScaleBytes(p + 4);
+    h->d = LoadF16(p);
+    h->sc = Scales32(_mm_cvtepu8_epi16(sm));
+    const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+    h->off[0] = _mm256_mul_ps(_mm256_set1_ps(LoadF16(p + 2)), mins);
+  }
+  template <int J>
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    const __m256i v = Load32(p + 16 + 32 * (J / 2));
+    return _mm256_and_si256(J % 2 == 0 ? v : _mm256_srli_epi16(v, 4), Bytes(0xF));
+  }
+};
+
+struct KQ5_K {  // Q4_K with a fifth code bit: bit J of qh[e]
+  static constexpr int kBytes = 176, kOff = 1, kFold = 4;
+  static HWY_INLINE void Head(const uint8_t* p, KHead* h) { KQ4_K::Head(p, h); }
+  template <int J>
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    const __m256i v = Load32(p + 48 + 32 * (J / 2));
+    const __m256i lo = _mm256_and_si256(J % 2 == 0 ? v : _mm256_srli_epi16(v, 4), Bytes(0xF));
+    return _mm256_or_si256(lo, _mm256_and_si256(ShiftBits<4 - J>(Load32(p + 16)), Bytes(0x10)));
+  }
+};
+
+// Q6_K: value = d*sc*(code - 32) per 16-block; code 0..63 here, the -32 is
+// the offset 32*d*sc.
+struct KQ6_K {
+  static constexpr int kBytes = 210, kOff = 2, kFold = 2;
+  static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
+    h->d = LoadF16(p + 208);
+    const __m128i sc = Load16(p + 192);
+    h->sc = Scales16(sc);
+    Offsets16(sc, 32.0f * h->d, h->off);
+  }
+  template <int J>
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    constexpr int kHalf = J / 4, kQ = J % 4;
+    const __m256i ql = Load32(p + 64 * kHalf + 32 * (kQ & 1));
+    const __m256i lo = _mm256_and_si256(kQ < 2 ? ql : _mm256_srli_epi16(ql, 4), Bytes(0xF));
+    const __m256i hi =
+        _mm256_and_si256(ShiftBits<4 - 2 * kQ>(Load32(p + 128 + 32 * kHalf)), Bytes(0x30));
+    return _mm256_or_si256(lo, hi);
+  }
+};
+
+struct KQ2_K {  // value = d*sc*code - dmin*m per 16-block
+  static constexpr int kBytes = 84, kOff = 2, kFold = 4;
+  static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
+    h->d = LoadF16(p + 80);
+    const __m128i raw = Load16(p), nib = _mm_set1_epi8(0xF);
+    h->sc = Scales16(_mm_and_si128(raw, nib));
+    Offsets16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib), LoadF16(p + 82), h->off);
+  }
+  template <int J>
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    return TwoBits<J>(p + 16);
+  }
+};
+
+// Q3_K: value = d*(sc-32)*code per 16-block, code in [-4, 3]; here code + 4
+// (the 2 low bits and hmask's bit 2), the -4 is the offset 4*d*(sc-32).
+struct KQ3_K {
+  static constexpr int kBytes = 110, kOff = 2, kFold = 4;
+  static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
+    h->d = LoadF16(p + 108);
+    // As Q3KScales: low nibbles of scales j < 8 and j + 8 in byte j % 8; the
+    // top 2 bits of scale j at bits 2*(j/4) of byte 8 + j%4.
+    const __m128i nib = _mm_set1_epi8(0xF);
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 96));
+    const __m128i lo =
+        _mm_unpacklo_epi64(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+    uint32_t top;
+    std::memcpy(&top, p + 104, 4);
+    const __m128i hi = _mm_and_si128(
+        _mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(top)), _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3));
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    h->sc = Scales16(sc);
+    Offsets16(sc, 4.0f * h->d, h->off);
+  }
+  template <int J>
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {  // bit 2 of element e: bit J of hmask[e]
+    const __m256i high = _mm256_and_si256(ShiftBits<2 - J>(Load32(p)), Bytes(4));
+    return _mm256_or_si256(TwoBits<J>(p + 32), high);
+  }
+};
+
+// IQ4_XS: value = d*(ls-32)*level per 32-block; the levels stay signed (their
+// range is too wide for an unsigned offset), through the sign trick.
+struct KIQ4_XS {
+  static constexpr int kBytes = 136, kOff = 0, kFold = 1;
+  static HWY_INLINE void Head(const uint8_t* p, KHead* h) {
+    h->d = LoadF16(p);
+    // ls_j = (4 bits of byte 4 + j/2 at 4*(j%2)) | (bits 2j, 2j+1 of the u16 at p + 2) << 4.
+    uint32_t lo_bytes;
+    std::memcpy(&lo_bytes, p + 4, 4);
+    const __m128i v = _mm_cvtsi32_si128(static_cast<int>(lo_bytes)), nib = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_cvtepu8_epi16(
+        _mm_unpacklo_epi8(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib)));
+    // Word j: the u16 shifted left by 14 - 2j puts bits 2j, 2j+1 at 14, 15.
+    const __m128i up = _mm_mullo_epi16(
+        _mm_set1_epi16(static_cast<int16_t>(LoadU16(p + 2))),
+        _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(up, 10), _mm_set1_epi16(0x30));
+    h->sc = Scales32(_mm_sub_epi16(_mm_or_si128(lo, hi), _mm_set1_epi16(32)));
+  }
+  template <int J>
+  static HWY_INLINE __m256i Codes(const uint8_t* p) {
+    return Iq4Levels32(Nibbles32(p + 8 + 16 * J));
+  }
+};
+
+// Activations of T tokens from t0: int8 values, q8_K scale per 32-block (the
+// super-block's, repeated), d*sum(q) per 32- and per 16-block.
+template <int T>
+struct KActs {
+  const int8_t* q[T];
+  const float* d[T];
+  const float* dxs[T];
+  const float* dxs16[T];
+  KActs(const QuantActs& a, int64_t t0) {
+    for (int t = 0; t < T; ++t) {
+      q[t] = a.q8 + (t0 + t) * a.cols;
+      d[t] = a.d + (t0 + t) * (a.cols / 32);
+      dxs[t] = a.dxs + (t0 + t) * (a.cols / 32);
+      dxs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
+    }
+  }
+};
+
+// The int16 pair sums of 32-block J's codes (unsigned) and 32 activations.
+HWY_INLINE __m256i UPairs(__m256i code, const int8_t* x) {
+  return _mm256_maddubs_epi16(code, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+// Sums of a and b's words 4 apart within a 128-bit lane, interleaved: word
+// 2i holds a's, 2i + 1 b's. Then the same for 32-bit pairs: a vector of
+// 16-bit partial sums of 4 blocks (word i % 4 of each lane: block i % 4).
+HWY_INLINE __m256i Fold16(__m256i a, __m256i b) {
+  return _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+}
+HWY_INLINE __m256i Fold32(__m256i a, __m256i b) {
+  return _mm256_add_epi16(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+
+// Blocks 4G..4G+3 of super-block s at p into the int32 sums of T tokens.
+// The pair sums of 4 blocks are folded in int16 (exact while a code times
+// 8 activations fits: codes < 32) by in-lane unpacks, which run beside the
+// multiplies, so a token needs 4 vpmaddubsw and one vpmaddwd per 4 blocks
+// instead of 4 of each; the scales sc4 are words (s_4G .. s_4G+3) repeated.
+template <class F, int T, int G>
+HWY_INLINE void KFold4(const uint8_t* p, __m256i sc4, const KActs<T>& x, int64_t s, __m256i* isum) {
+  const __m256i c0 = F::template Codes<4 * G>(p), c1 = F::template Codes<4 * G + 1>(p);
+  const __m256i c2 = F::template Codes<4 * G + 2>(p), c3 = F::template Codes<4 * G + 3>(p);
+  for (int t = 0; t < T; ++t) {
+    const int8_t* q = x.q[t] + s * 256 + 128 * G;
+    const __m256i a01 = Fold16(UPairs(c0, q), UPairs(c1, q + 32));
+    const __m256i a23 = Fold16(UPairs(c2, q + 64), UPairs(c3, q + 96));
+    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(Fold32(a01, a23), sc4));
+  }
+}
+// Blocks 2M, 2M+1 (codes < 64: a code times 4 activations fits int16).
+template <class F, int T, int M>
+HWY_INLINE void KFold2(const uint8_t* p, const KHead& h, const KActs<T>& x, int64_t s,
+                       __m256i* isum) {
+  const __m256i c0 = F::template Codes<2 * M>(p), c1 = F::template Codes<2 * M + 1>(p);
+  const __m256i sc2 = _mm256_shuffle_epi32(h.sc, M * 0x55);
+  for (int t = 0; t < T; ++t) {
+    const int8_t* q = x.q[t] + s * 256 + 64 * M;
+    const __m256i a01 = Fold16(UPairs(c0, q), UPairs(c1, q + 32));
+    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(a01, sc2));
+  }
+}
+
+// The 8 blocks of super-block s at p into the int32 sums of T tokens.
+template <class F, int T>
+HWY_INLINE void KBlocks(const uint8_t* p, const KHead& h, const KActs<T>& x, int64_t s,
+                        __m256i* isum) {
+  if constexpr (F::kFold == 4) {
+    KFold4<F, T, 0>(p, _mm256_shuffle_epi32(h.sc, 0x44), x, s, isum);
+    KFold4<F, T, 1>(p, _mm256_shuffle_epi32(h.sc, 0xEE), x, s, isum);
+  } else if constexpr (F::kFold == 2) {
+    KFold2<F, T, 0>(p, h, x, s, isum);
+    KFold2<F, T, 1>(p, h, x, s, isum);
+    KFold2<F, T, 2>(p, h, x, s, isum);
+    KFold2<F, T, 3>(p, h, x, s, isum);
+  } else {  // signed codes, one vpmaddwd per block
+    auto block = [&]<int J>(std::integral_constant<int, J>) {
+      const __m256i code = F::template Codes<J>(p);
+      const __m256i code_abs = _mm256_sign_epi8(code, code);
+      const __m256i sc = BlockScale<J>(h);
+      for (int t = 0; t < T; ++t) {
+        const __m256i pairs = PairSums<true>(code_abs, code, x.q[t] + s * 256 + 32 * J);
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(pairs, sc));
+      }
+    };
+    [&]<int... J>(std::integer_sequence<int, J...>) {
+      (block(std::integral_constant<int, J>()), ...);
+    }
+    (std::make_integer_sequence<int, 8>());
+  }
+}
+
+// One row x T tokens.
+template <class F, int T>
+HWY_INLINE void KQuantTile(const WeightMatrix& w, int64_t r, int64_t t0, const QuantActs& a,
+                           float* y) {
+  const int64_t n_super = w.cols / 256;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * n_super * F::kBytes;
+  const KActs<T> x(a, t0);
+  __m256 acc[T], corr[T];
+  for (int t = 0; t < T; ++t) acc[t] = corr[t] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < n_super; ++s) {
+    const uint8_t* p = row + s * F::kBytes;
+    KHead h;
+    F::Head(p, &h);
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    KBlocks<F, T>(p, h, x, s, isum);
+    for (int t = 0; t < T; ++t) {
+      acc[t] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(h.d * x.d[t][s * 8]), acc[t]);
+      if constexpr (F::kOff == 1) {
+        corr[t] = _mm256_fmadd_ps(h.off[0], _mm256_loadu_ps(x.dxs[t] + s * 8), corr[t]);
+      } else if constexpr (F::kOff == 2) {
+        corr[t] = _mm256_fmadd_ps(h.off[0], _mm256_loadu_ps(x.dxs16[t] + s * 16), corr[t]);
+        corr[t] = _mm256_fmadd_ps(h.off[1], _mm256_loadu_ps(x.dxs16[t] + s * 16 + 8), corr[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) y[(t0 + t) * w.rows + r] = HSum(_mm256_sub_ps(acc[t], corr[t]));
+}
+
+// Rows [r_begin, r_end) x all tokens, one row at a time (decode: one
+// sequential stream), tokens in tiles of 4.
+template <class F>
+void KQuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
+                int64_t n_tokens, float* y) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    int64_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) KQuantTile<F, 4>(w, r, t, a, y);
+    if (t + 2 <= n_tokens) {
+      KQuantTile<F, 2>(w, r, t, a, y);
+      t += 2;
+    }
+    if (t < n_tokens) KQuantTile<F, 1>(w, r, t, a, y);
+  }
+}
+
+// False for the types that are not K-quants or IQ4_XS.
+HWY_INLINE bool KQuantMatMulRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end,
+                                 const QuantActs& a, int64_t n_tokens, float* y) {
+  switch (w.type) {
+    case GgmlType::kQ2_K:
+      return KQuantRows<KQ2_K>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ3_K:
+      return KQuantRows<KQ3_K>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ4_K:
+      return KQuantRows<KQ4_K>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ5_K:
+      return KQuantRows<KQ5_K>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kQ6_K:
+      return KQuantRows<KQ6_K>(w, r_begin, r_end, a, n_tokens, y), true;
+    case GgmlType::kIQ4_XS:
+      return KQuantRows<KIQ4_XS>(w, r_begin, r_end, a, n_tokens, y), true;
+    default:
+      return false;
+  }
+}
+
+#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
+}  // namespace HWY_NAMESPACE
+}  // namespace meshnet::ops::internal
+HWY_AFTER_NAMESPACE();
+
+#endif  // MESHNET_OPS_MATMUL_KQUANT_X86_INL_H_
