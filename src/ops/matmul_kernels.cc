@@ -130,6 +130,91 @@ void QuantizeActsImpl(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_
 
 // ---------------------------------------------------------------- quant tiles
 
+// The int16 activation codes of tokens [t0, t0+T) and their scales.
+template <int T>
+struct QuantTokenPtrs {
+  const int16_t* q[T];
+  const float* d[T];
+  const float* s[T];
+  const float* s16[T];
+  QuantTokenPtrs(const QuantActs& a, int64_t t0) {
+    const int64_t nb = a.cols / 32;
+    for (int t = 0; t < T; ++t) {
+      q[t] = a.q + (t0 + t) * a.cols;
+      d[t] = a.d + (t0 + t) * nb;
+      s[t] = a.dxs + (t0 + t) * nb;
+      s16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
+    }
+  }
+};
+
+// Super-block s's per (row, token, sub-block) scales, weight scale times
+// activation scale, into eff; its offset terms into corr (one sub-block) or
+// corr8 (K-quants: one lane per sub-block position).
+template <class Fmt, int R, int T>
+HWY_INLINE void QuantSuperScales(const SubScales (&h)[R], const QuantTokenPtrs<T>& x, int64_t s,
+                                 float (&eff)[R][T][Fmt::kSub], float (&corr)[R][T],
+                                 hn::Vec<D8F> (&corr8)[R][T]) {
+  const D8F d8;
+  if constexpr (Fmt::kSub == 8) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        for (size_t j = 0; j < 8; j += hn::Lanes(d8)) {
+          const int64_t b = s * 8 + static_cast<int64_t>(j);
+          hn::Store(hn::Mul(hn::Load(d8, h[r].scale + j), hn::LoadU(d8, x.d[t] + b)), d8,
+                    eff[r][t] + j);
+          if constexpr (Fmt::kHasOff) {
+            corr8[r][t] =
+                hn::MulAdd(hn::Load(d8, h[r].off + j), hn::LoadU(d8, x.s[t] + b), corr8[r][t]);
+          }
+        }
+    if constexpr (HasOff16<Fmt>()) {
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t)
+          for (size_t k = 0; k < 16; k += hn::Lanes(d8)) {
+            corr8[r][t] = hn::MulAdd(hn::Load(d8, h[r].off16 + k),
+                                     hn::LoadU(d8, x.s16[t] + s * 16 + k), corr8[r][t]);
+          }
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        eff[r][t][0] = h[r].scale[0] * x.d[t][s];
+        if constexpr (Fmt::kHasOff) corr[r][t] += h[r].off[0] * x.s[t][s];
+      }
+  }
+}
+
+// Sub-block j of super-block s: the exact integer dot of each (row, token),
+// converted and scaled by its eff into acc.
+template <class Fmt, int R, int T>
+HWY_INLINE void QuantSubBlock(const uint8_t* const (&rows)[R], const SubScales (&h)[R],
+                              const QuantTokenPtrs<T>& x, int64_t s, int j,
+                              const float (&eff)[R][T][Fmt::kSub], hn::Vec<DF32> (&acc)[R][T]) {
+  const D16 d16;
+  const D32 d32;
+  const DF32 df;
+  const int64_t b = s * Fmt::kSub + j;
+  hn::Vec<D32> sum0[R][T], sum1[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) sum0[r][t] = sum1[r][t] = hn::Zero(d32);
+  for (size_t e = 0; e < 32; e += kN16) {
+    V16 code[R];
+    for (int r = 0; r < R; ++r) code[r] = Fmt::Code(d16, rows[r] + s * Fmt::kBytes, h[r], j, e);
+    for (int t = 0; t < T; ++t) {
+      const V16 xv = hn::LoadU(d16, x.q[t] + b * 32 + static_cast<int64_t>(e));
+      for (int r = 0; r < R; ++r) {
+        sum0[r][t] = hn::ReorderWidenMulAccumulate(d32, code[r], xv, sum0[r][t], sum1[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      const auto isum = hn::RearrangeToOddPlusEven(sum0[r][t], sum1[r][t]);
+      acc[r][t] = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, eff[r][t][j]), acc[r][t]);
+    }
+}
+
 // Rows [r0, r0+R) x tokens [t0, t0+T) of y (n_tokens, rows). A single-row,
 // single-token tile (decode) alternates two accumulators so consecutive
 // blocks' FMAs do not wait on each other's latency.
@@ -137,28 +222,16 @@ template <class Fmt, int R, int T>
 HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
                           float* y) {
   constexpr int kAcc = (R * T == 1) ? 2 : 1;
-  const D16 d16;
-  const D32 d32;
   const DF32 df;
   const D8F d8;
   const int64_t row_bytes = w.cols / Fmt::kSuper * Fmt::kBytes;
-  const int64_t nb = w.cols / 32;
   const int64_t n_super = w.cols / Fmt::kSuper;
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * row_bytes;
-  const int16_t* xq[T];
-  const float* xd[T];
-  const float* xs[T];
-  const float* xs16[T];
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.q + (t0 + t) * a.cols;
-    xd[t] = a.d + (t0 + t) * nb;
-    xs[t] = a.dxs + (t0 + t) * nb;
-    xs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
-  }
+  const QuantTokenPtrs<T> x(a, t0);
   hn::Vec<DF32> acc[kAcc][R][T];
   float corr[R][T];
-  hn::Vec<D8F> corr8[R][T];  // K-quants: one lane per sub-block position
+  hn::Vec<D8F> corr8[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       for (int k = 0; k < kAcc; ++k) acc[k][r][t] = hn::Zero(df);
@@ -174,63 +247,14 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
       if (kStep > 1 && s >= n_super) break;
       SubScales h[R];
       for (int r = 0; r < R; ++r) Fmt::Header(rows[r] + s * Fmt::kBytes, &h[r]);
-      // Per (row, token, sub-block): weight scale * activation scale.
       HWY_ALIGN float eff[R][T][Fmt::kSub];
-      if constexpr (Fmt::kSub == 8) {
-        for (int r = 0; r < R; ++r)
-          for (int t = 0; t < T; ++t)
-            for (size_t j = 0; j < 8; j += hn::Lanes(d8)) {
-              const int64_t b = s * 8 + static_cast<int64_t>(j);
-              hn::Store(hn::Mul(hn::Load(d8, h[r].scale + j), hn::LoadU(d8, xd[t] + b)), d8,
-                        eff[r][t] + j);
-              if constexpr (Fmt::kHasOff) {
-                corr8[r][t] =
-                    hn::MulAdd(hn::Load(d8, h[r].off + j), hn::LoadU(d8, xs[t] + b), corr8[r][t]);
-              }
-            }
-        if constexpr (HasOff16<Fmt>()) {
-          for (int r = 0; r < R; ++r)
-            for (int t = 0; t < T; ++t)
-              for (size_t k = 0; k < 16; k += hn::Lanes(d8)) {
-                corr8[r][t] = hn::MulAdd(hn::Load(d8, h[r].off16 + k),
-                                         hn::LoadU(d8, xs16[t] + s * 16 + k), corr8[r][t]);
-              }
-        }
-      } else {
-        for (int r = 0; r < R; ++r)
-          for (int t = 0; t < T; ++t) {
-            eff[r][t][0] = h[r].scale[0] * xd[t][s];
-            if constexpr (Fmt::kHasOff) corr[r][t] += h[r].off[0] * xs[t][s];
-          }
-      }
+      QuantSuperScales<Fmt, R, T>(h, x, s, eff, corr, corr8);
       HWY_UNROLL(8)
       for (int j = 0; j < Fmt::kSub; ++j) {
-        const int64_t b = s * Fmt::kSub + j;
-        hn::Vec<D32> sum0[R][T], sum1[R][T];
-        for (int r = 0; r < R; ++r)
-          for (int t = 0; t < T; ++t) sum0[r][t] = sum1[r][t] = hn::Zero(d32);
-        for (size_t e = 0; e < 32; e += kN16) {
-          V16 code[R];
-          for (int r = 0; r < R; ++r)
-            code[r] = Fmt::Code(d16, rows[r] + s * Fmt::kBytes, h[r], j, e);
-          for (int t = 0; t < T; ++t) {
-            const V16 xv = hn::LoadU(d16, xq[t] + b * 32 + static_cast<int64_t>(e));
-            for (int r = 0; r < R; ++r) {
-              sum0[r][t] = hn::ReorderWidenMulAccumulate(d32, code[r], xv, sum0[r][t], sum1[r][t]);
-            }
-          }
-        }
-        const int k = (u * Fmt::kSub + j) % kAcc;
-        for (int t = 0; t < T; ++t)
-          for (int r = 0; r < R; ++r) {
-            const auto isum = hn::RearrangeToOddPlusEven(sum0[r][t], sum1[r][t]);
-            acc[k][r][t] =
-                hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, eff[r][t][j]), acc[k][r][t]);
-          }
+        QuantSubBlock<Fmt, R, T>(rows, h, x, s, j, eff, acc[(u * Fmt::kSub + j) % kAcc]);
       }
     }
   }
-
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) {
       auto total = acc[0][r][t];
