@@ -81,16 +81,7 @@ class RegistryService final : public pb::Registry::Service {
     if (!PresentsToken(*ctx, token_digest_)) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token");
     }
-    try {
-      body();
-      return grpc::Status::OK;
-    } catch (const Error& e) {
-      spdlog::info("event=registry_refused peer={} kind={} message=\"{}\"", ctx->peer(),
-                   ErrorKindName(e.kind()), e.what());
-      return ToStatus(e, ctx);
-    } catch (const std::exception& e) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
-    }
+    return RunToStatus(ctx, "registry_refused", /*info=*/true, body);
   }
 
   registry::MemoryRegistry* reg_;

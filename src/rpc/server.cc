@@ -222,17 +222,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
     if (check_token) {
       if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
     }
-    try {
-      body();
-      return grpc::Status::OK;
-    } catch (const Error& e) {
-      spdlog::debug("event=call_failed peer={} kind={} message=\"{}\"", ctx->peer(),
-                    ErrorKindName(e.kind()), e.what());
-      return ToStatus(e, ctx);
-    } catch (const std::exception& e) {
-      spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx->peer(), e.what());
-      return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
-    }
+    return RunToStatus(ctx, "call_failed", /*info=*/false, body);
   }
 
   NodeService* core_;

@@ -1,5 +1,7 @@
 #include "rpc/status.h"
 
+#include <spdlog/spdlog.h>
+
 #include <array>
 
 namespace meshnet::rpc {
@@ -94,6 +96,22 @@ void ThrowForStatus(const grpc::Status& status, const grpc::ClientContext& conte
   }
   const ErrorKind kind = ErrorKindFor(status.error_code(), kind_name);
   throw Error(kind, peer + ": " + method + ": " + status.error_message());
+}
+
+grpc::Status RunToStatus(grpc::ServerContext* ctx, const char* event, bool info,
+                         const std::function<void()>& body) {
+  try {
+    body();
+    return grpc::Status::OK;
+  } catch (const Error& e) {
+    spdlog::log(info ? spdlog::level::info : spdlog::level::debug,
+                "event={} peer={} kind={} message=\"{}\"", event, ctx->peer(),
+                ErrorKindName(e.kind()), e.what());
+    return ToStatus(e, ctx);
+  } catch (const std::exception& e) {
+    spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx->peer(), e.what());
+    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
+  }
 }
 
 }  // namespace meshnet::rpc

@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,5 +37,11 @@ ErrorKind ErrorKindFor(grpc::StatusCode code, std::optional<std::string_view> ki
                                  const std::string& peer, const char* method);
 
 std::optional<ErrorKind> ParseErrorKindName(std::string_view name);
+
+// A server handler's body run to its status: OK; for a meshnet::Error thrown,
+// ToStatus (logged as `event` with the peer, kind and message, at info level
+// when `info`, else debug); for anything else INTERNAL, logged as an error.
+grpc::Status RunToStatus(grpc::ServerContext* ctx, const char* event, bool info,
+                         const std::function<void()>& body);
 
 }  // namespace meshnet::rpc
