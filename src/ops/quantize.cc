@@ -163,17 +163,7 @@ void QuantizeQ4_K(const float* x, int64_t n, BlockQ4_K* y) {
       ls[j] = static_cast<uint8_t>(d > 0 ? std::clamp(NearestInt(scales[j] / d), 0, 63) : 0);
       lm[j] = static_cast<uint8_t>(dmin > 0 ? std::clamp(NearestInt(mins[j] / dmin), 0, 63) : 0);
     }
-    std::memset(blk.scales, 0, sizeof(blk.scales));
-    for (int j = 0; j < 8; ++j) {
-      if (j < 4) {
-        blk.scales[j] = ls[j];
-        blk.scales[j + 4] = lm[j];
-      } else {
-        blk.scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-        blk.scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
-        blk.scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
-      }
-    }
+    internal::PackQ4KScales(ls, lm, blk.scales);
     uint8_t codes[kQK_K];
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, m;

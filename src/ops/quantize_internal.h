@@ -21,6 +21,9 @@ float FitIq4(const float* x, int count);
 // Index of the IQ4_NL level nearest to v.
 int NearestIq4(float v);
 int NearestInt(float v);
+// Packs 8 six-bit scales and 8 six-bit mins as Q4_K and Q5_K store them in
+// their 12 bytes (the layout Q4KScaleMin reads).
+void PackQ4KScales(const uint8_t ls[8], const uint8_t lm[8], uint8_t scales[12]);
 
 // 32-element formats (quantize_small.cc).
 void QuantizeQ4_1(const float* x, int64_t n, BlockQ4_1* y);

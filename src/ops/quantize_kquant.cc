@@ -66,6 +66,20 @@ float FitAsymmetric(const float* x, int count, int nmax, float* scale_out, float
   return best_err;
 }
 
+void PackQ4KScales(const uint8_t ls[8], const uint8_t lm[8], uint8_t scales[12]) {
+  std::memset(scales, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      scales[j] = ls[j];
+      scales[j + 4] = lm[j];
+    } else {
+      scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+      scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
+      scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
+    }
+  }
+}
+
 float FitSymmetric(const float* x, int count, int nmax, float step_size) {
   float amax = 0.0f, vmax = 0.0f;
   for (int i = 0; i < count; ++i) {
@@ -229,17 +243,7 @@ void QuantizeQ5_K(const float* x, int64_t n, BlockQ5_K* y) {
     blk.d = QuantizeScales(scales, 8, 63, ls);
     blk.dmin = QuantizeScales(mins, 8, 63, lm);
     const float d = HalfToFloat(blk.d), dmin = HalfToFloat(blk.dmin);
-    std::memset(blk.scales, 0, sizeof(blk.scales));
-    for (int j = 0; j < 8; ++j) {  // the Q4_K packing (see Q4KScaleMin)
-      if (j < 4) {
-        blk.scales[j] = ls[j];
-        blk.scales[j + 4] = lm[j];
-      } else {
-        blk.scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-        blk.scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
-        blk.scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
-      }
-    }
+    PackQ4KScales(ls, lm, blk.scales);
     std::memset(blk.qh, 0, sizeof(blk.qh));
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, m;
