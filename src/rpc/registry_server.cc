@@ -8,6 +8,7 @@
 
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
+#include "rpc/grpc_listen.h"
 #include "rpc/registry_codec.h"
 #include "rpc/remote.h"
 #include "rpc/server.h"
@@ -198,19 +199,10 @@ void RegistryServer::Start() {
     creds = grpc::SslServerCredentials(ssl);
   }
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(m.options.listen, creds, &port);
   builder.RegisterService(&m.service);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  grpc::ResourceQuota quota("meshnet-registry");
-  quota.SetMaxThreads(m.options.max_rpc_threads);
-  builder.SetResourceQuota(quota);
-  m.server = builder.BuildAndStart();
-  if (!m.server || port == 0) {
-    m.server.reset();
-    throw Error(ErrorKind::kUnavailable,
-                "cannot listen on '" + m.options.listen + "' for the registry (address in use?)");
-  }
+  int port = 0;
+  m.server = StartListening(builder, m.options.listen, creds, m.options.max_rpc_threads,
+                            "meshnet-registry", " for the registry (address in use?)", &port);
   const size_t colon = m.options.listen.rfind(':');
   m.bound = m.options.listen.substr(0, colon) + ":" + std::to_string(port);
   spdlog::info("event=registry_serving listen={} token={} tls={} verify={}", m.bound,

@@ -22,6 +22,7 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/codec.h"
+#include "rpc/grpc_listen.h"
 #include "rpc/metrics.h"
 #include "rpc/node_service.h"
 #include "rpc/server_auth.h"
@@ -301,23 +302,12 @@ void NodeServer::Start() {
   InstallHeapTrim();  // before the first grpc::Server of the process
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(m.options.listen, creds, &port);
   builder.RegisterService(&m.service);
-  // gRPC sets SO_REUSEPORT by default: a second node on the same port would
-  // bind too and take a share of this one's connections. Off: it fails.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(m.max_message_bytes);
   builder.SetMaxSendMessageSize(m.max_message_bytes);
-  grpc::ResourceQuota quota("meshnet-node");
-  quota.SetMaxThreads(m.options.max_rpc_threads);
-  builder.SetResourceQuota(quota);
-  m.server = builder.BuildAndStart();
-  if (!m.server || port == 0) {
-    m.server.reset();
-    throw Error(ErrorKind::kUnavailable,
-                "cannot listen on '" + m.options.listen + "' (address in use, or not host:port?)");
-  }
+  int port = 0;
+  m.server = StartListening(builder, m.options.listen, creds, m.options.max_rpc_threads,
+                            "meshnet-node", " (address in use, or not host:port?)", &port);
   m.bound = HostOf(m.options.listen) + ":" + std::to_string(port);
   if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(true);
 
