@@ -21,6 +21,7 @@
 #include "gguf/gguf_reader.h"
 #include "node/identity.h"
 #include "node/node.h"
+#include "node/node_test_util.h"
 #include "shard/step_cancel.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -28,11 +29,7 @@
 namespace meshnet::node {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+std::shared_ptr<const gguf::GgufFile> File() { return ShippedFile(); }
 
 StepRequest Prefill(const std::string& id, std::vector<int32_t> tokens) {
   StepRequest r;

@@ -12,15 +12,12 @@
 #include "node/identity.h"
 #include "node/node.h"
 #include "node/node_core.h"
+#include "node/node_test_util.h"
 
 namespace meshnet::node {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+std::shared_ptr<const gguf::GgufFile> File() { return ShippedFile(); }
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429, 30, 31, 32, 33};
 const std::string kSecret = "the-secret";

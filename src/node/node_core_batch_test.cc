@@ -15,17 +15,14 @@
 #include "node/identity.h"
 #include "node/node.h"
 #include "node/node_core.h"
+#include "node/node_test_util.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::node {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+std::shared_ptr<const gguf::GgufFile> File() { return ShippedFile(); }
 
 std::vector<int32_t> PromptOf(int i, int n) {
   std::vector<int32_t> p = {1};

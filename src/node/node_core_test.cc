@@ -11,15 +11,12 @@
 #include "gguf/gguf_reader.h"
 #include "node/identity.h"
 #include "node/node.h"
+#include "node/node_test_util.h"
 
 namespace meshnet::node {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+std::shared_ptr<const gguf::GgufFile> File() { return ShippedFile(); }
 
 StepRequest Prefill(const std::string& id, std::vector<int32_t> tokens, uint64_t step) {
   StepRequest r;
