@@ -214,23 +214,8 @@ struct KIQ4_XS {
   }
 };
 
-// Activations of T tokens from t0: int8 values, q8_K scale per 32-block (the
-// super-block's, repeated), d*sum(q) per 32- and per 16-block.
-template <int T>
-struct KActs {
-  const int8_t* q[T];
-  const float* d[T];
-  const float* dxs[T];
-  const float* dxs16[T];
-  KActs(const QuantActs& a, int64_t t0) {
-    for (int t = 0; t < T; ++t) {
-      q[t] = a.q8 + (t0 + t) * a.cols;
-      d[t] = a.d + (t0 + t) * (a.cols / 32);
-      dxs[t] = a.dxs + (t0 + t) * (a.cols / 32);
-      dxs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
-    }
-  }
-};
+// Activations: TokenPtrs (matmul_x86-inl.h); for q8_K, d holds the
+// super-block's scale repeated per 32-block.
 
 // The int16 pair sums of 32-block J's codes (unsigned) and 32 activations.
 HWY_INLINE __m256i UPairs(__m256i code, const int8_t* x) {
@@ -252,7 +237,8 @@ HWY_INLINE __m256i Fold32(__m256i a, __m256i b) {
 // multiplies, so a token needs 4 vpmaddubsw and one vpmaddwd per 4 blocks
 // instead of 4 of each; the scales sc4 are words (s_4G .. s_4G+3) repeated.
 template <class F, int T, int G>
-HWY_INLINE void KFold4(const uint8_t* p, __m256i sc4, const KActs<T>& x, int64_t s, __m256i* isum) {
+HWY_INLINE void KFold4(const uint8_t* p, __m256i sc4, const TokenPtrs<T>& x, int64_t s,
+                       __m256i* isum) {
   const __m256i c0 = F::template Codes<4 * G>(p), c1 = F::template Codes<4 * G + 1>(p);
   const __m256i c2 = F::template Codes<4 * G + 2>(p), c3 = F::template Codes<4 * G + 3>(p);
   for (int t = 0; t < T; ++t) {
@@ -264,7 +250,7 @@ HWY_INLINE void KFold4(const uint8_t* p, __m256i sc4, const KActs<T>& x, int64_t
 }
 // Blocks 2M, 2M+1 (codes < 64: a code times 4 activations fits int16).
 template <class F, int T, int M>
-HWY_INLINE void KFold2(const uint8_t* p, const KHead& h, const KActs<T>& x, int64_t s,
+HWY_INLINE void KFold2(const uint8_t* p, const KHead& h, const TokenPtrs<T>& x, int64_t s,
                        __m256i* isum) {
   const __m256i c0 = F::template Codes<2 * M>(p), c1 = F::template Codes<2 * M + 1>(p);
   const __m256i sc2 = _mm256_shuffle_epi32(h.sc, M * 0x55);
@@ -277,7 +263,7 @@ HWY_INLINE void KFold2(const uint8_t* p, const KHead& h, const KActs<T>& x, int6
 
 // The 8 blocks of super-block s at p into the int32 sums of T tokens.
 template <class F, int T>
-HWY_INLINE void KBlocks(const uint8_t* p, const KHead& h, const KActs<T>& x, int64_t s,
+HWY_INLINE void KBlocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>& x, int64_t s,
                         __m256i* isum) {
   if constexpr (F::kFold == 4) {
     KFold4<F, T, 0>(p, _mm256_shuffle_epi32(h.sc, 0x44), x, s, isum);
@@ -310,7 +296,7 @@ HWY_INLINE void KQuantTile(const WeightMatrix& w, int64_t r, int64_t t0, const Q
                            float* y) {
   const int64_t n_super = w.cols / 256;
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * n_super * F::kBytes;
-  const KActs<T> x(a, t0);
+  const TokenPtrs<T> x(a, t0);
   __m256 acc[T], corr[T];
   for (int t = 0; t < T; ++t) acc[t] = corr[t] = _mm256_setzero_ps();
   for (int64_t s = 0; s < n_super; ++s) {
