@@ -6,10 +6,20 @@
 //   read_bw[threads]  vectorized sum over a buffer far larger than the caches
 //   memcpy_bw         memcpy of such a buffer (read + write bytes)
 //   compute_scaling_2t  2-thread speedup of a pure FMA loop (what 2 threads can gain now)
+//   int8_peak / fma_peak  (x86 AVX2) multiply-adds per CPU-second of one thread
+//                 in the tightest loops the kernels' inner steps allow: the
+//                 GGML-style 32-block int8 dot (vpmaddubsw, vpmaddwd, convert,
+//                 FMA by the block scale) and f32 FMAs, 8 independent
+//                 accumulators each, no memory traffic: the compute roofline
 // Counters:
 //   weights_GBps  weight bytes streamed per second
 //   roofline      weight bytes/s divided by read_bw with the same thread count
 //   *_cpu         (1 thread) the same in thread CPU time, robust to a busy machine
+//   attainable_cpu (1 thread) weight bytes/s over min(read_bw_cpu, the compute
+//                 roofline's bytes/s: peak MACs/s x bytes per weight), i.e.
+//                 the share of what either limit allows
+//   of_compute_peak (prefill, 1 thread) multiply-adds per CPU-second over
+//                 int8_peak (quantized types) or fma_peak (F32/F16/BF16)
 //   vs_llama_style (Q8_0) our time / a llama.cpp-style q8_0 x q8_0 kernel's
 //                 (one row at a time, int8 sign trick, f16 activation scales),
 //                 re-implemented here with AVX2 intrinsics, on the same data
@@ -103,7 +113,56 @@ struct Baselines {
   double memcpy_bw = 0;           // (read + write) bytes/s, 1 thread
   double read_bw_cpu = 0;         // bytes per second of thread CPU time, 1 thread
   double compute_scaling = 0;     // 2-thread speedup of an embarrassingly parallel FMA loop
+  double int8_peak = 0;           // int8 MACs per CPU-second (0: no AVX2 probe here)
+  double fma_peak = 0;            // f32 MACs per CPU-second (0: no AVX2 probe here)
 };
+
+#if defined(__x86_64__)
+// The compute roofline's probes (see the file comment): `n` rounds of 8
+// independent accumulator chains, written as inline assembly because a
+// compiler folds or hoists such loops (constant inputs) or keeps the
+// accumulators in memory.
+#define MESHNET_INT8_DOT(A)                \
+  "vpmaddubsw %[x], %[w], %%ymm15\n\t"     \
+  "vpmaddwd %[ones], %%ymm15, %%ymm15\n\t" \
+  "vcvtdq2ps %%ymm15, %%ymm15\n\t"         \
+  "vfmadd231ps %[s], %%ymm15, %[" A "]\n\t"
+__attribute__((target("avx2,fma"), noinline)) float Int8DotLoop(int64_t n) {
+  __m256 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+  const __m256i w = _mm256_set1_epi8(5), x = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  const __m256 s = _mm256_set1_ps(1e-9f);
+  for (int64_t k = 0; k < n; ++k) {
+    __asm__ volatile(MESHNET_INT8_DOT("a0") MESHNET_INT8_DOT("a1") MESHNET_INT8_DOT("a2")
+                         MESHNET_INT8_DOT("a3") MESHNET_INT8_DOT("a4") MESHNET_INT8_DOT("a5")
+                             MESHNET_INT8_DOT("a6") MESHNET_INT8_DOT("a7")
+                     : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4),
+                       [a5] "+x"(a5), [a6] "+x"(a6), [a7] "+x"(a7)
+                     : [w] "x"(w), [x] "x"(x), [ones] "x"(ones), [s] "x"(s)
+                     : "xmm15");
+  }
+  return _mm256_cvtss_f32(
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                    _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))));
+}
+#undef MESHNET_INT8_DOT
+
+#define MESHNET_FMA(A) "vfmadd231ps %[s], %[w], %[" A "]\n\t"
+__attribute__((target("avx2,fma"), noinline)) float FmaLoop(int64_t n) {
+  __m256 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+  const __m256 w = _mm256_set1_ps(0.999f), s = _mm256_set1_ps(1e-9f);
+  for (int64_t k = 0; k < n; ++k) {
+    __asm__ volatile(MESHNET_FMA("a0") MESHNET_FMA("a1") MESHNET_FMA("a2") MESHNET_FMA("a3")
+                         MESHNET_FMA("a4") MESHNET_FMA("a5") MESHNET_FMA("a6") MESHNET_FMA("a7")
+                     : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4),
+                       [a5] "+x"(a5), [a6] "+x"(a6), [a7] "+x"(a7)
+                     : [w] "x"(w), [s] "x"(s));
+  }
+  return _mm256_cvtss_f32(
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                    _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))));
+}
+#undef MESHNET_FMA
+#endif
 
 // A latency-bound FMA loop with no memory traffic: the control for what two
 // threads can gain on this machine right now (shared or oversubscribed vCPUs
@@ -188,6 +247,14 @@ const Baselines& GetBaselines() {
     });
     out.compute_scaling = 2.0 * one / two;
     out.memcpy_bw = 2.0 * static_cast<double>(kBandwidthBytes) / t;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      constexpr int64_t kRounds = 20'000'000;                         // 160 M block dots: ~0.3 s
+      const double macs = 8.0 * 32.0 * static_cast<double>(kRounds);  // = FmaLoop(4 * kRounds)'s
+      out.int8_peak = macs / TimeBestCpu(3, [&] { sink = sink + Int8DotLoop(kRounds); });
+      out.fma_peak = macs / TimeBestCpu(3, [&] { sink = sink + FmaLoop(4 * kRounds); });
+    }
+#endif
     return out;
   }();
   return b;
@@ -202,6 +269,10 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["memcpy_GBps"] = b.memcpy_bw / 1e9;
   state.counters["read_vs_memcpy"] = b.read_bw[1] / b.memcpy_bw;
   state.counters["compute_scaling_2t"] = b.compute_scaling;
+  if (b.int8_peak > 0) {
+    state.counters["int8_peak_GMACps"] = b.int8_peak / 1e9;
+    state.counters["fma_peak_GMACps"] = b.fma_peak / 1e9;
+  }
 }
 BENCHMARK(BM_ReadBandwidth)->Iterations(1);
 
@@ -312,6 +383,15 @@ void LlamaStyleMatVec(const WeightMatrix& w, const float* x, LlamaQ8Block* xq, f
 
 // ---------------------------------------------------------------- decode matvec
 
+bool IsFloatType(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
+}
+
+// The compute roofline of `type` in MACs per CPU-second of one thread (0: unknown).
+double PeakMacs(const Baselines& b, GgmlType type) {
+  return IsFloatType(type) ? b.fma_peak : b.int8_peak;
+}
+
 void BM_MatVec(benchmark::State& state) {
   const auto type = static_cast<GgmlType>(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2);
@@ -340,6 +420,12 @@ void BM_MatVec(benchmark::State& state) {
     const double cpu = ThreadCpuSeconds() - cpu_start;
     state.counters["weights_GBps_cpu"] = bytes / cpu / 1e9;
     state.counters["roofline_cpu"] = bytes / cpu / base.read_bw_cpu;
+    if (PeakMacs(base, type) > 0) {
+      const double bytes_per_weight =
+          static_cast<double>(ops::RowBytes(type, cols)) / static_cast<double>(cols);
+      const double compute_bw = PeakMacs(base, type) * bytes_per_weight;
+      state.counters["attainable_cpu"] = bytes / cpu / std::min(base.read_bw_cpu, compute_bw);
+    }
   }
 #if defined(__x86_64__)
   if (type == GgmlType::kQ8_0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
@@ -426,6 +512,11 @@ void BM_Prefill(benchmark::State& state) {
   state.counters["GFLOPs"] = 2.0 * static_cast<double>(rows * cols * n_tokens) / batched_s / 1e9;
   state.counters["naive_tokens_per_s"] = static_cast<double>(n_tokens) / naive_s;
   state.counters["speedup"] = naive_s / batched_s;  // batched tokens/s over naive tokens/s
+  const double peak = PeakMacs(GetBaselines(), type);
+  if (threads == 1 && peak > 0) {
+    state.counters["of_compute_peak"] =
+        static_cast<double>(rows * cols * n_tokens) / batched_s / peak;
+  }
 }
 
 // Prompt processing (16, 128, 512 tokens) for every type through a 768x768
