@@ -17,10 +17,9 @@ namespace {
 constexpr size_t kPage = 4096;
 constexpr size_t kHugePage = size_t{2} << 20;
 
-// Anonymous memory for a slab: zero pages that the kernel fills on first
-// touch (no eager zeroing), 2 MiB-aligned and advised as transparent huge
-// pages when at least one huge page long, which cuts first-touch faults 512x.
-uint8_t* MapSlab(size_t bytes, size_t* mapped) {
+}  // namespace
+
+uint8_t* MapAnonymous(size_t bytes, size_t* mapped) {
   const bool huge = bytes >= kHugePage;
   const size_t unit = huge ? kHugePage : kPage;
   const size_t len = (bytes + unit - 1) / unit * unit;
@@ -36,8 +35,6 @@ uint8_t* MapSlab(size_t bytes, size_t* mapped) {
   *mapped = len;
   return reinterpret_cast<uint8_t*>(aligned);
 }
-
-}  // namespace
 
 BlockPool::BlockPool(size_t block_bytes, int64_t capacity_blocks, size_t slab_bytes)
     : block_bytes_(std::max<size_t>(block_bytes, 1)),
@@ -60,7 +57,7 @@ uint8_t* BlockPool::Allocate() {
   slabs_.reserve(slabs_.size() + 1);
   in_use_.reserve(static_cast<size_t>(allocated_ + n));
   size_t mapped = 0;
-  uint8_t* base = MapSlab(static_cast<size_t>(n) * stride_, &mapped);  // zero pages
+  uint8_t* base = MapAnonymous(static_cast<size_t>(n) * stride_, &mapped);  // zero pages
   const Slab slab{base, mapped, allocated_, n};
   slabs_.insert(std::upper_bound(slabs_.begin(), slabs_.end(), slab,
                                  [](const Slab& a, const Slab& b) {

@@ -1,10 +1,13 @@
 #include "node/migration.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
+#include "kv/block_pool.h"
 #include "node/identity.h"
 #include "util/crc32c.h"
 #include "util/error.h"
@@ -164,11 +167,13 @@ void SessionExporter::Rewind() {
 
 SessionImporter::SessionImporter(SessionExportHeader header, const ImportLimits& limits)
     : header_((CheckIdentity(header, limits.self), CheckShape(header, limits), std::move(header))),
-      digest_(header_) {
-  staged_.reserve(static_cast<size_t>(header_.n_chunks));
+      digest_(header_) {}
+
+SessionImporter::~SessionImporter() {
+  if (staging_ != nullptr) munmap(staging_, staging_mapped_);
 }
 
-void SessionImporter::Add(KvChunk& c) {
+void SessionImporter::Add(const KvChunk& c) {
   if (finished_) ThrowInvalidArgument("import refused: a chunk after the trailer");
   const int64_t p0 = next_ * header_.positions_per_chunk;
   const int64_t n = std::min(header_.positions_per_chunk, header_.seq_len - p0);
@@ -183,14 +188,27 @@ void SessionImporter::Add(KvChunk& c) {
                          std::to_string(c.data.size()) + " bytes, expected " +
                          std::to_string(n * header_.bytes_per_token));
   }
-  if (Crc32c(c.data) != c.crc32c) {
+  if (staging_ == nullptr) {  // bounded by the budget (CheckShape)
+    staging_ = kv::MapAnonymous(static_cast<size_t>(header_.seq_len * header_.bytes_per_token),
+                                &staging_mapped_);
+  }
+  // Copy and checksum in one pass over the chunk: each piece is checksummed
+  // right after its copy, while it is in cache, and the CRC covers the bytes
+  // as staged (what WriteInto loads).
+  constexpr size_t kPiece = size_t{64} << 10;
+  uint8_t* dst = staging_ + p0 * header_.bytes_per_token;
+  uint32_t crc = 0;
+  for (size_t off = 0; off < c.data.size(); off += kPiece) {
+    const size_t len = std::min(kPiece, c.data.size() - off);
+    std::memcpy(dst + off, c.data.data() + off, len);
+    crc = Crc32cExtend(crc, dst + off, len);
+  }
+  if (crc != c.crc32c) {
     ThrowInvalidArgument("import refused: CRC32C mismatch in chunk " + std::to_string(c.index) +
                          " (corrupted in transfer); nothing loaded");
   }
   digest_.AddChunk(c.crc32c);
   staged_bytes_ += static_cast<int64_t>(c.data.size());
-  staged_.push_back(std::move(c.data));
-  c.data.clear();
   ++next_;
 }
 
@@ -210,10 +228,10 @@ void SessionImporter::Finish(const ExportTrailer& t) {
 void SessionImporter::WriteInto(const kv::KvStep& step) const {
   if (!finished_) ThrowInvalidArgument("import not verified");
   const size_t row = static_cast<size_t>(header_.row_bytes());
-  for (size_t i = 0; i < staged_.size(); ++i) {
-    const int64_t p0 = static_cast<int64_t>(i) * header_.positions_per_chunk;
+  const uint8_t* src = staging_;  // chunk after chunk, each K then V per layer
+  for (int64_t i = 0; i < next_; ++i) {
+    const int64_t p0 = i * header_.positions_per_chunk;
     const int64_t n = std::min(header_.positions_per_chunk, header_.seq_len - p0);
-    const char* src = staged_[i].data();
     for (int l = header_.start_layer; l <= header_.end_layer; ++l) {
       const ops::PagedKvLayer v = step.Layer(l);
       for (int64_t p = p0; p < p0 + n; ++p, src += row) std::memcpy(v.KRow(p), src, row);

@@ -89,9 +89,10 @@ void ReadChunks(node::SessionImporter& imp, const std::function<bool(pb::Session
       chunk.index = c->index();
       chunk.first_position = c->first_position();
       chunk.n_positions = c->n_positions();
-      chunk.data = std::move(*c->mutable_data());
+      chunk.data.swap(*c->mutable_data());  // lent, not copied
       chunk.crc32c = c->crc32c();
-      imp.Add(chunk);
+      imp.Add(chunk);  // copies into the importer's staging
+      chunk.data.swap(*c->mutable_data());
       continue;
     }
     if (msg.has_trailer()) {
