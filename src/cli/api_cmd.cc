@@ -49,6 +49,7 @@ struct ApiFlags {
   int threads = 0;
   std::string nodes;
   std::string registry;
+  registry::EtcdSecurity etcd;
   ClientSecurityFlags nodes_client;  // --auth-token, --node-tls-*
   double timeout_s = 30.0;
   std::string api_key;
@@ -129,7 +130,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
   CopyClientSecurityFlags(f.nodes_client, &co);
   co.timeout_s = f.timeout_s;
   if (!f.registry.empty()) co.expected_model_id = node::ModelIdentity(*file);  // routed by id
-  r.remote = MakeNodeRouteProvider(f.nodes, f.registry, co);
+  r.remote = MakeNodeRouteProvider(f.nodes, f.registry, co, f.etcd);
   auto remote = r.remote;
   r.factory = [remote] { return std::make_unique<SharedProvider>(remote); };
 #else
@@ -244,8 +245,9 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
       ->capture_default_str();
   sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
   sub->add_option("--registry", f->registry,
-                  "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet registry) "
-                  "or etcd://HOST:PORT/prefix");
+                  "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet registry), "
+                  "etcd://HOST:PORT/prefix or etcds://HOST:PORT/prefix (TLS)");
+  AddEtcdFlags(sub, &f->etcd);
   ClientSecurityFlags& nc = f->nodes_client;
   sub->add_option("--auth-token", nc.auth_token, "Cluster token sent to the nodes");
   sub->add_option("--node-tls-ca", nc.tls_ca, "CA certificate (PEM) to verify nodes");

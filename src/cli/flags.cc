@@ -61,6 +61,22 @@ void AddServerSecurityFlags(CLI::App* sub, ServerSecurityFlags* f, const std::st
   sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
 }
 
+void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f) {
+  sub->add_option("--etcd-ca", f->ca_file,
+                  "With --registry etcds://...: CA (PEM) of etcd's server certificate. Without "
+                  "any --etcd-* flag, etcds:// uses this command's cluster TLS files (--tls-*; "
+                  "api: --node-tls-*); with no CA at all, the system CAs");
+  sub->add_option("--etcd-cert", f->cert_file,
+                  "With --registry etcds://...: client certificate (PEM) for etcd's "
+                  "--client-cert-auth");
+  sub->add_option("--etcd-key", f->key_file, "With --registry etcds://...: its private key (PEM)");
+  sub->add_option("--etcd-user", f->user,
+                  "With --registry etcd(s)://...: etcd user, for an etcd with auth enabled");
+  sub->add_option("--etcd-password", f->password,
+                  "Password of --etcd-user (prefer $MESHNET_ETCD_PASSWORD: flags show in ps)")
+      ->envname("MESHNET_ETCD_PASSWORD");
+}
+
 void AddClientSecurityFlags(CLI::App* sub, ClientSecurityFlags* f, const std::string& auth_help,
                             const std::string& ca_help) {
   sub->add_option("--auth-token", f->auth_token, auth_help);

@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 #include "node/batcher.h"
+#include "registry/etcd_registry.h"
 
 namespace meshnet::cli {
 
@@ -77,5 +78,11 @@ void CopyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions* o) {
   o->tls_cert = f.tls_cert;
   o->tls_key = f.tls_key;
 }
+
+// --etcd-ca, --etcd-cert and --etcd-key: the files for an etcds:// --registry
+// whose PKI is not the cluster's (without them, etcds:// uses the command's
+// cluster TLS flags); --etcd-user and --etcd-password ($MESHNET_ETCD_PASSWORD)
+// for an etcd with auth. Every command that takes --registry has them.
+void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f);
 
 }  // namespace meshnet::cli

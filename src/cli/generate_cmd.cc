@@ -47,6 +47,7 @@ struct GenerateFlags {
   std::string output = "text";
   std::string nodes;
   std::string registry;
+  registry::EtcdSecurity etcd;
   ClientSecurityFlags client;
   double timeout_s = 30.0;
   bool no_bos = false;
@@ -170,7 +171,7 @@ GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
   co.timeout_s = f.timeout_s;
   co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
   co.Validate();
-  r.provider = MakeNodeRouteProvider(f.nodes, f.registry, co);
+  r.provider = MakeNodeRouteProvider(f.nodes, f.registry, co, f.etcd);
 #else
   ThrowInvalidArgument("--nodes and --registry need a build with gRPC (MESHNET_RPC=ON)");
 #endif
@@ -299,7 +300,8 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
   sub->add_option("--nodes", f->nodes, "Comma-separated host:port of meshnet serve nodes");
   sub->add_option("--registry", f->registry,
                   "Plan routes from a registry instead of --nodes: HOST:PORT (meshnet "
-                  "registry) or etcd://HOST:PORT/prefix");
+                  "registry), etcd://HOST:PORT/prefix or etcds://HOST:PORT/prefix (TLS)");
+  AddEtcdFlags(sub, &f->etcd);
   AddClientSecurityFlags(sub, &f->client, "Cluster token sent to the nodes",
                          "CA certificate (PEM) to verify nodes over TLS");
   sub->add_option("--timeout", f->timeout_s,

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "cli/flags.h"
 #include "registry/announcer.h"
 #include "registry/status_http.h"
 #include "rpc/registry_client.h"
@@ -46,8 +47,9 @@ class Running final : public ServeRegistry {
 
 void AddServeRegistryFlags(CLI::App* sub, ServeRegistryFlags* f) {
   sub->add_option("--registry", f->registry,
-                  "Announce this node to a registry: HOST:PORT (meshnet registry) or "
-                  "etcd://HOST:PORT/prefix");
+                  "Announce this node to a registry: HOST:PORT (meshnet registry), "
+                  "etcd://HOST:PORT/prefix or etcds://HOST:PORT/prefix (TLS)");
+  AddEtcdFlags(sub, &f->etcd);
   sub->add_option("--registry-listen", f->registry_listen,
                   "Also serve an embedded registry on host:port (port 0: a free one; printed "
                   "as 'registry on HOST:PORT'); the node announces itself there unless "
@@ -97,7 +99,7 @@ std::unique_ptr<ServeRegistry> StartServeRegistry(const ServeRegistryFlags& f,
     }
     if (target.empty()) target = r->server->bound_address();
   }
-  r->client = rpc::OpenRegistry(target, co);
+  r->client = rpc::OpenRegistry(target, co, f.etcd);
   const rpc::NodeServer* node = &server;
   r->node = node;
   r->announcer = std::make_unique<registry::Announcer>(

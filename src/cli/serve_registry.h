@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "registry/etcd_registry.h"
 #include "registry/registry.h"
 
 namespace meshnet::rpc {
@@ -16,7 +17,8 @@ class NodeServer;
 namespace meshnet::cli {
 
 struct ServeRegistryFlags {
-  std::string registry;         // HOST:PORT or etcd://HOST:PORT/prefix
+  std::string registry;         // HOST:PORT, etcd://HOST:PORT/prefix or etcds://...
+  registry::EtcdSecurity etcd;  // --etcd-*: for etcds:// (default: the node's TLS files)
   std::string registry_listen;  // serve an embedded registry here too
   double lease_ttl_s = 10.0;
   std::string registry_http;  // the embedded registry's status page / JSON / metrics

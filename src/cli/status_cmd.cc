@@ -19,6 +19,7 @@ struct StatusFlags {
   std::string output = "text";
   std::string model_id;
   ClientSecurityFlags client;
+  registry::EtcdSecurity etcd;
   double timeout_s = 5.0;
 };
 
@@ -29,7 +30,7 @@ int RunStatus(const StatusFlags& f) {
   rpc::ClientOptions co;
   CopyClientSecurityFlags(f.client, &co);
   co.info_timeout_s = f.timeout_s;
-  const auto reg = rpc::OpenRegistry(f.registry, co);
+  const auto reg = rpc::OpenRegistry(f.registry, co, f.etcd);
   const nlohmann::json status = registry::StatusJson(reg->List(f.model_id), reg->name());
   if (f.output == "json") {
     std::cout << status.dump() << "\n";
@@ -44,12 +45,14 @@ const CommandRegistrar kStatusCommand(
      [](CLI::App* sub, int* exit_code) {
        auto f = std::make_shared<StatusFlags>();
        sub->add_option("--registry", f->registry,
-                       "HOST:PORT (meshnet registry) or etcd://HOST:PORT/prefix")
+                       "HOST:PORT (meshnet registry), etcd://HOST:PORT/prefix or "
+                       "etcds://HOST:PORT/prefix (TLS)")
            ->required();
        sub->add_option("--output", f->output, "text or json")->capture_default_str();
        sub->add_option("--model-id", f->model_id, "Only this model identity");
        AddClientSecurityFlags(sub, &f->client, "Cluster token",
                               "CA certificate (PEM) to verify the registry");
+       AddEtcdFlags(sub, &f->etcd);
        sub->add_option("--timeout", f->timeout_s, "Deadline of the registry call in seconds")
            ->capture_default_str();
        sub->callback([f, exit_code] { *exit_code = RunStatus(*f); });

@@ -2,12 +2,16 @@
 
 #include <httplib.h>
 #include <openssl/evp.h>
+#include <openssl/x509.h>
+#include <signal.h>
 
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 
 #include "util/error.h"
+#include "util/mutex.h"
 
 namespace meshnet::registry {
 
@@ -47,6 +51,71 @@ int64_t Int(const nlohmann::json& j, const char* field) {
   return out;
 }
 
+// cpp-httplib writes TLS records with OpenSSL's socket BIO, i.e. write(2)
+// without MSG_NOSIGNAL: an etcd that hangs up (e.g. refusing our client
+// certificate after a TLS 1.3 handshake) would raise SIGPIPE and kill the
+// process. For the duration of one call this thread blocks SIGPIPE, and a
+// SIGPIPE the call raised is consumed before the mask is restored; the
+// failed write is reported as an error. Thread-local, so other threads' (and
+// the program's) disposition of SIGPIPE is untouched.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      const timespec zero{0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
+void SetTimeouts(httplib::ClientImpl& cli, double connect_s, double read_s) {
+  auto us = [](double s) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(s))
+        .count();
+  };
+  cli.set_connection_timeout(us(connect_s) / 1000000, us(connect_s) % 1000000);
+  cli.set_read_timeout(us(read_s) / 1000000, us(read_s) % 1000000);
+  cli.set_write_timeout(us(connect_s) / 1000000, us(connect_s) % 1000000);
+}
+
+void RequireReadable(const std::string& path, const char* what) {
+  if (path.empty()) return;
+  std::ifstream in(path);
+  if (!in || in.peek() == std::ifstream::traits_type::eof()) {
+    ThrowInvalidArgument(std::string("etcd TLS: cannot read the ") + what + " '" + path + "'");
+  }
+}
+
+// The kind of an error answer: its gRPC `code` and `message`.
+ErrorKind KindOfAnswer(int64_t code, const std::string& msg) {
+  // 14 UNAVAILABLE (no leader, e.g. right after a restart), 4 DEADLINE_EXCEEDED, 1 CANCELED.
+  if (code == 14 || code == 4 || code == 1) return ErrorKind::kUnavailable;
+  // 7 PERMISSION_DENIED, 16 UNAUTHENTICATED; a bad password or no user is 3.
+  if (code == 7 || code == 16 || msg.find("authentication failed") != std::string::npos ||
+      msg.find("user name is empty") != std::string::npos) {
+    return ErrorKind::kPermissionDenied;
+  }
+  return ErrorKind::kInvalidArgument;
+}
+
 // The first key after every key that starts with `prefix`.
 std::string RangeEnd(std::string prefix) {
   prefix.back() = static_cast<char>(prefix.back() + 1);
@@ -55,20 +124,24 @@ std::string RangeEnd(std::string prefix) {
 
 }  // namespace
 
-bool IsEtcdUrl(const std::string& spec) { return spec.rfind("etcd://", 0) == 0; }
+bool IsEtcdUrl(const std::string& spec) {
+  return spec.rfind("etcd://", 0) == 0 || spec.rfind("etcds://", 0) == 0;
+}
 
 EtcdAddress ParseEtcdUrl(const std::string& url) {
   auto bad = [&](const std::string& why) {
     ThrowInvalidArgument("invalid etcd registry '" + url + "': " + why +
-                         " (expected etcd://HOST:PORT/prefix)");
+                         " (expected etcd://HOST:PORT/prefix or etcds://HOST:PORT/prefix)");
   };
-  if (!IsEtcdUrl(url)) bad("no etcd:// scheme");
-  const std::string rest = url.substr(7);
+  if (!IsEtcdUrl(url)) bad("no etcd:// or etcds:// scheme");
+  const bool tls = url.rfind("etcds://", 0) == 0;
+  const std::string rest = url.substr(tls ? 8 : 7);
   const size_t slash = rest.find('/');
   const std::string hostport = rest.substr(0, slash);
   const size_t colon = hostport.rfind(':');
   if (colon == std::string::npos || colon == 0) bad("no host:port");
   EtcdAddress a;
+  a.tls = tls;
   a.host = hostport.substr(0, colon);
   const std::string port = hostport.substr(colon + 1);
   auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), a.port);
@@ -83,41 +156,156 @@ EtcdAddress ParseEtcdUrl(const std::string& url) {
   return a;
 }
 
-EtcdRegistry::EtcdRegistry(EtcdAddress address, double timeout_s)
-    : address_(std::move(address)), timeout_s_(timeout_s) {}
+void EtcdSecurity::Validate(const EtcdAddress& address) const {
+  if (user.empty() && !password.empty()) {
+    ThrowInvalidArgument("etcd auth: a password without a user");
+  }
+  if (!address.tls && has_tls_files()) {
+    ThrowInvalidArgument("etcd TLS files given for a plain etcd://" + address.host +
+                         " registry: write etcds:// to reach etcd over TLS");
+  }
+  if (cert_file.empty() != key_file.empty()) {
+    ThrowInvalidArgument("etcd TLS: the client certificate and its key go together");
+  }
+  RequireReadable(ca_file, "CA file");
+  RequireReadable(cert_file, "client certificate");
+  RequireReadable(key_file, "client key");
+}
+
+EtcdRegistry::EtcdRegistry(EtcdAddress address, double timeout_s, EtcdSecurity security)
+    : address_(std::move(address)), timeout_s_(timeout_s), sec_(std::move(security)) {
+  sec_.Validate(address_);
+  if (address_.tls) Client();  // a certificate and key that do not load fail here, not per call
+}
 
 std::string EtcdRegistry::name() const {
-  return "etcd://" + address_.host + ":" + std::to_string(address_.port) + address_.prefix;
+  return std::string(address_.tls ? "etcds://" : "etcd://") + address_.host + ":" +
+         std::to_string(address_.port) + address_.prefix;
+}
+
+std::unique_ptr<httplib::ClientImpl> EtcdRegistry::Client() const {
+  if (!address_.tls) return std::make_unique<httplib::ClientImpl>(address_.host, address_.port);
+  auto cli = std::make_unique<httplib::SSLClient>(address_.host, address_.port, sec_.cert_file,
+                                                  sec_.key_file);
+  if (!cli->is_valid()) {  // the files were readable, but not a certificate and its key
+    ThrowInvalidArgument("etcd TLS: '" + sec_.cert_file + "' and '" + sec_.key_file +
+                         "' are not a PEM certificate and its private key");
+  }
+  if (!sec_.ca_file.empty()) cli->set_ca_cert_path(sec_.ca_file);
+  cli->enable_server_certificate_verification(true);  // the default, said out loud
+  return cli;
+}
+
+Error EtcdRegistry::Failure(const std::string& path, httplib::Error err,
+                            const httplib::ClientImpl& cli) const {
+  const std::string where = "etcd " + name() + " (" + path + "): ";
+  if (err == httplib::Error::SSLServerVerification) {
+    const long v = static_cast<const httplib::SSLClient&>(cli).get_openssl_verify_result();
+    const std::string why = v != X509_V_OK ? X509_verify_cert_error_string(v)
+                                           : "its certificate does not name " + address_.host;
+    return Error(ErrorKind::kPermissionDenied,
+                 where + "server certificate not trusted: " + why +
+                     (sec_.ca_file.empty() ? " (no CA file given: the system CAs were used)"
+                                           : " (CA file '" + sec_.ca_file + "')"));
+  }
+  if (err == httplib::Error::SSLLoadingCerts) {
+    return Error(ErrorKind::kInvalidArgument,
+                 where + "cannot load the CA file '" + sec_.ca_file + "' (PEM expected)");
+  }
+  if (err == httplib::Error::SSLConnection) {
+    return Error(ErrorKind::kUnavailable,
+                 where +
+                     "TLS handshake failed (is it an https endpoint? does it require a "
+                     "client certificate?)");
+  }
+  std::string hint;
+  if (err == httplib::Error::Read || err == httplib::Error::Write) {
+    if (!address_.tls) hint = "; if etcd serves TLS, write etcds://";
+    if (address_.tls && sec_.cert_file.empty()) {
+      hint = "; etcd may require a client certificate, and none was given";
+    }
+  }
+  return Error(ErrorKind::kUnavailable,
+               where + "unreachable (" + httplib::to_string(err) + ")" + hint);
 }
 
 std::string EtcdRegistry::Key(const NodeRecord& r) const {
   return address_.prefix + "/nodes/" + r.model_id + "/" + r.address;
 }
 
-nlohmann::json EtcdRegistry::Call(const std::string& path, const nlohmann::json& body) const {
-  httplib::Client cli(address_.host, address_.port);
-  const auto t = std::chrono::duration<double>(timeout_s_);
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t).count();
-  cli.set_connection_timeout(us / 1000000, us % 1000000);
-  cli.set_read_timeout(us / 1000000, us % 1000000);
-  cli.set_write_timeout(us / 1000000, us % 1000000);
-  auto res = cli.Post(path, body.dump(), "application/json");
-  if (!res) {
-    throw Error(ErrorKind::kUnavailable, "etcd " + name() + " unreachable (" + path + ": " +
-                                             httplib::to_string(res.error()) + ")");
+nlohmann::json EtcdRegistry::Post(const std::string& path, const nlohmann::json& body,
+                                  const std::string& token) const {
+  const auto cli = Client();
+  SetTimeouts(*cli, timeout_s_, timeout_s_);
+  // The body is collected by hand: the gateway sends error answers chunked
+  // with HTTP trailers, which cpp-httplib 0.11 reports as a broken read after
+  // it has handed over the (complete) JSON.
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!token.empty()) req.set_header("Authorization", token);
+  std::string answer;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    answer.append(data, n);
+    return answer.size() <= (64u << 20);  // bounded: no registry answer is this big
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  {
+    ScopedSigpipeBlock no_sigpipe;
+    cli->send(req, res, err);
   }
-  nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+  nlohmann::json j = nlohmann::json::parse(answer, nullptr, false);
+  const bool error_answer = !j.is_discarded() && j.is_object() && j.contains("error");
+  if (err != httplib::Error::Success && !(err == httplib::Error::Read && error_answer)) {
+    throw Failure(path, err, *cli);
+  }
   if (j.is_discarded() || !j.is_object()) {
     throw Error(ErrorKind::kUnavailable,
-                "etcd " + path + ": not JSON (HTTP " + std::to_string(res->status) + ")");
+                "etcd " + path + ": not JSON (HTTP " + std::to_string(res.status) + ")");
   }
-  if (j.contains("error") || res->status != 200) {
+  if (error_answer || res.status != 200) {
     const std::string msg = j.value("message", j.value("error", std::string("HTTP error")));
-    // 14: UNAVAILABLE (no leader, e.g. right after a restart).
-    throw Error(Int(j, "code") == 14 ? ErrorKind::kUnavailable : ErrorKind::kInvalidArgument,
-                "etcd " + path + ": " + msg);
+    const bool no_user = msg.find("user name is empty") != std::string::npos;
+    throw Error(KindOfAnswer(Int(j, "code"), msg),
+                "etcd " + name() + " (" + path + "): " + msg +
+                    (no_user ? " (etcd has auth enabled and no etcd user was given)" : ""));
   }
   return j;
+}
+
+std::string EtcdRegistry::Token(bool renew) const {
+  if (sec_.user.empty()) return "";
+  {
+    MutexLock lock(&mu_);
+    if (!renew && !token_.empty()) return token_;
+  }
+  const nlohmann::json j =
+      Post("/v3/auth/authenticate", {{"name", sec_.user}, {"password", sec_.password}}, "");
+  const std::string token = j.value("token", "");
+  if (token.empty()) {
+    throw Error(ErrorKind::kPermissionDenied,
+                "etcd " + name() + ": no auth token for user '" + sec_.user + "'");
+  }
+  MutexLock lock(&mu_);
+  token_ = token;
+  return token;
+}
+
+nlohmann::json EtcdRegistry::Call(const std::string& path, const nlohmann::json& body) const {
+  try {
+    return Post(path, body, Token(false));
+  } catch (const Error& e) {
+    // etcd forgets tokens (after --auth-token-ttl idle, and on a restart):
+    // authenticate again, once.
+    if (sec_.user.empty() ||
+        std::string(e.what()).find("invalid auth token") == std::string::npos) {
+      throw;
+    }
+  }
+  return Post(path, body, Token(true));
 }
 
 void EtcdRegistry::Put(const std::string& key, const NodeRecord& r, LeaseId lease) const {
@@ -224,10 +412,9 @@ int64_t EtcdRegistry::WaitForChange(int64_t since, double timeout_s) {
                          {{"key", B64(prefix)},
                           {"range_end", B64(RangeEnd(prefix))},
                           {"start_revision", std::to_string(since + 1)}}}};
-  httplib::Client cli(address_.host, address_.port);
+  const auto cli = Client();
   const auto us = static_cast<int64_t>(std::max(0.001, timeout_s) * 1e6);
-  cli.set_connection_timeout(static_cast<time_t>(std::min(timeout_s_, 5.0)), 0);
-  cli.set_read_timeout(us / 1000000, us % 1000000);
+  SetTimeouts(*cli, std::min(timeout_s_, 5.0), us / 1e6);
   std::string buffer;
   int64_t seen = since;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
@@ -236,6 +423,8 @@ int64_t EtcdRegistry::WaitForChange(int64_t since, double timeout_s) {
   r.path = "/v3/watch";
   r.body = req.dump();
   r.set_header("Content-Type", "application/json");
+  const std::string token = Token(false);
+  if (!token.empty()) r.set_header("Authorization", token);
   r.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     buffer.append(data, n);
     for (size_t eol; (eol = buffer.find('\n')) != std::string::npos;) {
@@ -254,14 +443,14 @@ int64_t EtcdRegistry::WaitForChange(int64_t since, double timeout_s) {
   };
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
-  cli.send(r, res, err);
+  {
+    ScopedSigpipeBlock no_sigpipe;
+    cli->send(r, res, err);
+  }
   if (seen == since && err != httplib::Error::Success && err != httplib::Error::Read &&
       err != httplib::Error::Canceled) {
     // Unreachable etcd: waiting is all a caller can do, but not in a spin.
-    if (std::chrono::steady_clock::now() < deadline) {
-      throw Error(ErrorKind::kUnavailable,
-                  "etcd " + name() + " unreachable (" + httplib::to_string(err) + ")");
-    }
+    if (std::chrono::steady_clock::now() < deadline) throw Failure("/v3/watch", err, *cli);
   }
   return seen;
 }

@@ -5,6 +5,9 @@
 // always killed and the data dir removed on destruction. Restart() keeps the
 // ports and the data (leases survive, as in a real restart).
 //
+// With EtcdServerTls, the client URL is https (--cert-file, --key-file,
+// --trusted-ca-file, --client-cert-auth); peers stay plain on loopback.
+//
 // Without an etcd binary the fixture fails the test, unless MESHNET_NO_ETCD is
 // set in the environment (then it skips with that reason).
 #pragma once
@@ -54,9 +57,16 @@ inline int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// etcd's TLS files, and the client certificate its /health poll presents.
+// The server certificate needs extendedKeyUsage clientAuth as well as
+// serverAuth: etcd 3.4's JSON gateway dials etcd's own gRPC port with it.
+struct EtcdServerTls {
+  std::string ca_cert, server_cert, server_key, client_cert, client_key;
+};
+
 class EtcdServer {
  public:
-  EtcdServer() {
+  explicit EtcdServer(EtcdServerTls tls = {}) : tls_(std::move(tls)) {
     binary_ = FindEtcd();
     if (binary_.empty()) return;
     char tmpl[] = "/tmp/meshnet-etcd-XXXXXX";
@@ -80,7 +90,8 @@ class EtcdServer {
   bool available() const { return !binary_.empty(); }
   int port() const { return client_port_; }
   std::string url(const std::string& prefix = "/meshnet") const {
-    return "etcd://127.0.0.1:" + std::to_string(client_port_) + prefix;
+    return (tls() ? "etcds://127.0.0.1:" : "etcd://127.0.0.1:") + std::to_string(client_port_) +
+           prefix;
   }
   void Kill() {
     if (pid_ <= 0) return;
@@ -96,6 +107,20 @@ class EtcdServer {
     }
     throw std::runtime_error("etcd did not restart\n--- log ---\n" + Log());
   }
+  // Turns etcd auth on with one user, root (every permission), whose
+  // password is `password`. Throws if etcd refuses.
+  void EnableAuth(const std::string& password) {
+    const auto cli = HealthClient();
+    const std::pair<const char*, std::string> steps[] = {
+        {"/v3/auth/role/add", R"({"name":"root"})"},
+        {"/v3/auth/user/add", R"({"name":"root","password":")" + password + R"("})"},
+        {"/v3/auth/user/grant", R"({"user":"root","role":"root"})"},
+        {"/v3/auth/enable", "{}"}};
+    for (const auto& [path, body] : steps) {
+      auto res = cli->Post(path, body, "application/json");
+      if (!res || res->status != 200) throw std::runtime_error(std::string("etcd ") + path);
+    }
+  }
   std::string Log() const {
     std::ifstream in(dir_ + "/etcd.log");
     std::stringstream ss;
@@ -106,8 +131,17 @@ class EtcdServer {
  private:
   // Starts etcd and waits up to 20 s for /health; false if it exited (a port
   // taken meanwhile) or never became healthy.
+  bool tls() const { return !tls_.server_cert.empty(); }
+  std::unique_ptr<httplib::ClientImpl> HealthClient() const {
+    if (!tls()) return std::make_unique<httplib::ClientImpl>("127.0.0.1", client_port_);
+    auto cli = std::make_unique<httplib::SSLClient>("127.0.0.1", client_port_, tls_.client_cert,
+                                                    tls_.client_key);
+    cli->set_ca_cert_path(tls_.ca_cert);
+    return cli;
+  }
   bool Launch() {
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string client =
+        (tls() ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(client_port_);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::vector<std::string> args = {binary_,
                                      "--name=meshnet-test",
@@ -118,6 +152,13 @@ class EtcdServer {
                                      "--initial-advertise-peer-urls=" + peer,
                                      "--initial-cluster=meshnet-test=" + peer,
                                      "--log-level=warn"};
+    if (tls()) {
+      for (std::string a :
+           {"--cert-file=" + tls_.server_cert, "--key-file=" + tls_.server_key,
+            "--trusted-ca-file=" + tls_.ca_cert, std::string("--client-cert-auth")}) {
+        args.push_back(a);
+      }
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -139,10 +180,10 @@ class EtcdServer {
         pid_ = -1;
         return false;
       }
-      httplib::Client cli("127.0.0.1", client_port_);
-      cli.set_connection_timeout(0, 200000);
-      cli.set_read_timeout(1, 0);
-      auto res = cli.Get("/health");
+      const auto cli = HealthClient();
+      cli->set_connection_timeout(0, 200000);
+      cli->set_read_timeout(1, 0);
+      auto res = cli->Get("/health");
       if (res && res->status == 200 && res->body.find("\"true\"") != std::string::npos) {
         return true;
       }
@@ -153,6 +194,7 @@ class EtcdServer {
     return false;
   }
 
+  EtcdServerTls tls_;
   std::string binary_;
   std::string dir_;
   int client_port_ = 0;

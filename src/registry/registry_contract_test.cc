@@ -28,7 +28,25 @@ struct EtcdBackend {
   double MinTtl() { return 2.0; }  // etcd's minimum lease TTL with default timings
 };
 
-using Backends = ::testing::Types<MemoryBackend, EtcdBackend>;
+// The same contract with etcd auth on: every call carries root's token.
+struct EtcdAuthBackend {
+  EtcdServer server;
+  EtcdAuthBackend() {
+    if (server.available()) server.EnableAuth("root-secret");
+  }
+  std::string Unavailable() {
+    return server.available() ? "" : "etcd is not installed (scripts/install-deps.sh)";
+  }
+  std::unique_ptr<Registry> Make() {
+    EtcdSecurity sec;
+    sec.user = "root";
+    sec.password = "root-secret";
+    return std::make_unique<EtcdRegistry>(ParseEtcdUrl(server.url("/contract")), 5.0, sec);
+  }
+  double MinTtl() { return 2.0; }
+};
+
+using Backends = ::testing::Types<MemoryBackend, EtcdBackend, EtcdAuthBackend>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Registry, RegistryContract, Backends);
 
 TEST(EtcdUrl, Parses) {
@@ -36,8 +54,15 @@ TEST(EtcdUrl, Parses) {
   EXPECT_EQ(a.host, "127.0.0.1");
   EXPECT_EQ(a.port, 2379);
   EXPECT_EQ(a.prefix, "/mesh/a");
+  EXPECT_FALSE(a.tls);
   EXPECT_EQ(ParseEtcdUrl("etcd://h:1").prefix, "/meshnet");
-  for (const char* bad : {"http://h:1", "etcd://h", "etcd://h:0/x", "etcd://:5/x", "etcd://h:x"}) {
+  const EtcdAddress s = ParseEtcdUrl("etcds://10.1.2.3:2379/p");
+  EXPECT_TRUE(s.tls);
+  EXPECT_EQ(s.host, "10.1.2.3");
+  EXPECT_EQ(s.port, 2379);
+  EXPECT_EQ(s.prefix, "/p");
+  for (const char* bad : {"http://h:1", "etcd://h", "etcd://h:0/x", "etcd://:5/x", "etcd://h:x",
+                          "etcdss://h:1", "etcds://h"}) {
     EXPECT_THROW(ParseEtcdUrl(bad), Error) << bad;
   }
 }

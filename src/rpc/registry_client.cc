@@ -111,22 +111,30 @@ bool RemoteRegistry::SetDraining(const std::string& address, bool draining) {
 }
 
 std::unique_ptr<registry::Registry> OpenRegistry(const std::string& spec,
-                                                 const ClientOptions& options) {
+                                                 const ClientOptions& options,
+                                                 const registry::EtcdSecurity& etcd) {
   if (registry::IsEtcdUrl(spec)) {
-    return std::make_unique<registry::EtcdRegistry>(registry::ParseEtcdUrl(spec),
-                                                    options.info_timeout_s);
+    const registry::EtcdAddress address = registry::ParseEtcdUrl(spec);
+    registry::EtcdSecurity sec = etcd;
+    if (address.tls && !sec.has_tls_files()) {
+      sec.ca_file = options.tls_ca;
+      sec.cert_file = options.tls_cert;
+      sec.key_file = options.tls_key;
+    }
+    return std::make_unique<registry::EtcdRegistry>(address, options.info_timeout_s, sec);
   }
   if (spec.find("://") != std::string::npos) {
     ThrowInvalidArgument("--registry '" + spec +
-                         "': expected HOST:PORT (embedded registry) or etcd://HOST:PORT/prefix");
+                         "': expected HOST:PORT (embedded registry), etcd://HOST:PORT/prefix "
+                         "or etcds://HOST:PORT/prefix");
   }
   try {
     if (spec.find(',') != std::string::npos) throw Error(ErrorKind::kInvalidArgument, "");
     ParseNodeList(spec);  // one host:port with a port in 1..65535
   } catch (const Error&) {
     ThrowInvalidArgument("invalid --registry '" + spec +
-                         "': expected one HOST:PORT (embedded registry, port 1..65535) or "
-                         "etcd://HOST:PORT/prefix");
+                         "': expected one HOST:PORT (embedded registry, port 1..65535), "
+                         "etcd://HOST:PORT/prefix or etcds://HOST:PORT/prefix");
   }
   return std::make_unique<RemoteRegistry>(spec, options);
 }

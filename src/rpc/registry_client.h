@@ -4,6 +4,7 @@
 //
 //   auto reg = rpc::OpenRegistry("127.0.0.1:7000", client_options);  // gRPC
 //   auto reg = rpc::OpenRegistry("etcd://127.0.0.1:2379/meshnet", client_options);
+//   auto reg = rpc::OpenRegistry("etcds://10.0.0.5:2379/meshnet", client_options, etcd);
 //
 // Errors: UNAVAILABLE / DEADLINE_EXCEEDED map to kUnavailable (the registry is
 // down: callers keep their cached view), the rest to their ErrorKind.
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "registry/etcd_registry.h"
 #include "registry/registry.h"
 #include "rpc/options.h"
 
@@ -39,9 +41,13 @@ class RemoteRegistry final : public registry::Registry {
   std::unique_ptr<Impl> impl_;
 };
 
-// "etcd://HOST:PORT/prefix" -> registry::EtcdRegistry; "HOST:PORT" ->
-// RemoteRegistry. Throws kInvalidArgument for anything else.
+// "etcd://HOST:PORT/prefix" or "etcds://..." (TLS) -> registry::EtcdRegistry;
+// "HOST:PORT" -> RemoteRegistry. Throws kInvalidArgument for anything else.
+// `etcd`: the files for an etcds:// spec; when empty, an etcds:// spec
+// uses the cluster's (options.tls_ca, tls_cert, tls_key), as the embedded
+// registry does.
 std::unique_ptr<registry::Registry> OpenRegistry(const std::string& spec,
-                                                 const ClientOptions& options);
+                                                 const ClientOptions& options,
+                                                 const registry::EtcdSecurity& etcd = {});
 
 }  // namespace meshnet::rpc
