@@ -38,7 +38,8 @@ double BatchCostModel::Seconds(double rows) const { return Fixed() + PerRow() * 
 int64_t BatchCostModel::RowsWithin(double seconds) const {
   const double b = PerRow();
   if (b <= 0 || !(seconds > 0)) return 0;
-  return static_cast<int64_t>(std::min(std::floor(seconds / b), 1e9));
+  // (1e-9: a quotient meant to be whole is not floored one row short.)
+  return static_cast<int64_t>(std::min(std::floor(seconds / b * (1 + 1e-9)), 1e9));
 }
 
 }  // namespace meshnet::node

@@ -1,0 +1,115 @@
+// The batcher's admission policy on made-up queues and a cost model fed by
+// hand (no model, no timing): short prompts run whole beside decode steps,
+// long prompts get only the time budget, the oldest step always runs, the
+// limits hold, and the budget's rows stay within the time share.
+#include "node/batch_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "util/error.h"
+
+namespace meshnet::node {
+namespace {
+
+constexpr QueuedRows kDecode{1, 0};
+QueuedRows Prompt(int64_t rows, int64_t done = 0) { return {rows, done}; }
+
+std::vector<int64_t> Plan(const std::vector<QueuedRows>& q, const BatchOptions& o, int64_t budget) {
+  std::vector<int64_t> take = {99};  // overwritten
+  PlanBatch(q, o, budget, &take);
+  return take;
+}
+
+// A node where a batch costs 20 ms + 5 ms per row.
+BatchCostModel FittedCost() {
+  BatchCostModel m;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t rows = 1 + (i % 5) * 4;
+    m.Add(rows, 0.020 + 0.005 * static_cast<double>(rows));
+  }
+  return m;
+}
+
+// 16 new sessions' 4-token prompts arrive while 8 sessions decode: all run
+// whole in the next batch, though the long-prompt budget is 4 rows.
+TEST(PlanBatch, BurstOfShortPromptsRunsWholeBesideDecodeSteps) {
+  std::vector<QueuedRows> q;
+  for (int i = 0; i < 8; ++i) q.push_back(kDecode);
+  for (int i = 0; i < 16; ++i) q.push_back(Prompt(4));
+  const std::vector<int64_t> take = Plan(q, BatchOptions{}, 4);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(take[i], 1) << i;
+  for (int i = 8; i < 24; ++i) EXPECT_EQ(take[i], 4) << i;
+}
+
+// A long prompt (oldest) gets the budget's rows; the short prompts behind it
+// run whole and do not eat into that budget; decode steps all run.
+TEST(PlanBatch, LongPromptGetsOnlyTheBudget) {
+  const std::vector<QueuedRows> q = {Prompt(2000), kDecode, Prompt(30), kDecode, Prompt(2000)};
+  EXPECT_EQ(Plan(q, BatchOptions{}, 6), (std::vector<int64_t>{6, 1, 30, 1, 0}));
+  // A budget of 0 still gives the oldest step a row; with more budget than
+  // one chunk the next long prompt gets the rest.
+  EXPECT_EQ(Plan(q, BatchOptions{}, 0), (std::vector<int64_t>{1, 1, 30, 1, 0}));
+  EXPECT_EQ(Plan(q, BatchOptions{.prefill_chunk = 100}, 150),
+            (std::vector<int64_t>{100, 1, 30, 1, 50}));
+}
+
+// A prompt is short when it fits short_prompt and one chunk (a long prompt's
+// last chunk stays bounded; what is left of a short one runs whole).
+TEST(PlanBatch, WhatCountsAsShort) {
+  const BatchOptions o{.prefill_chunk = 16, .short_prompt = 32};
+  EXPECT_TRUE(IsShortPrompt(Prompt(16), o));
+  EXPECT_FALSE(IsShortPrompt(Prompt(17), o));  // more than a chunk
+  EXPECT_FALSE(IsShortPrompt(Prompt(20, 10), o));
+  EXPECT_TRUE(IsShortPrompt(Prompt(10, 6), o));
+  EXPECT_EQ(Plan({kDecode, Prompt(10, 6)}, o, 1), (std::vector<int64_t>{1, 4}));
+  EXPECT_FALSE(IsShortPrompt(kDecode, o));
+  EXPECT_FALSE(IsShortPrompt(Prompt(2), BatchOptions{.short_prompt = 0}));
+  EXPECT_FALSE(IsShortPrompt(Prompt(8), BatchOptions{.max_batch_tokens = 7}));
+}
+
+// The oldest step always runs, whatever the limits leave: with two sessions
+// per batch and the oldest a long prompt, one decode step rides with it.
+TEST(PlanBatch, OldestStepAlwaysRunsWithinLimits) {
+  const std::vector<QueuedRows> q = {Prompt(500), kDecode, kDecode, Prompt(4)};
+  EXPECT_EQ(Plan(q, BatchOptions{.max_batch_sessions = 2}, 8), (std::vector<int64_t>{8, 1, 0, 0}));
+  EXPECT_EQ(Plan(q, BatchOptions{.max_batch_tokens = 3}, 8), (std::vector<int64_t>{1, 1, 1, 0}));
+  // A short prompt that does not fit the rows left whole waits; a smaller
+  // one behind it runs.
+  const std::vector<QueuedRows> shorts = {kDecode, Prompt(6), Prompt(3), Prompt(2)};
+  EXPECT_EQ(Plan(shorts, BatchOptions{.max_batch_tokens = 9}, 8),
+            (std::vector<int64_t>{1, 6, 0, 2}));
+  EXPECT_TRUE(Plan({}, BatchOptions{}, 8).empty());
+}
+
+// While sessions decode, the budget's rows add at most prefill_share of a
+// decode batch's fitted time (above the floor); otherwise it is every row.
+TEST(PrefillBudget, RowsStayWithinTheTimeShare) {
+  const BatchCostModel cost = FittedCost();
+  const BatchOptions o;
+  const DecodeLoad eight{.pending = 8};
+  // A batch of 8 decode steps: 60 ms; half of it is 30 ms = 6 rows.
+  EXPECT_EQ(PrefillBudget(o, cost, eight), 6);
+  EXPECT_LE(cost.PerRow() * 6, o.prefill_share * cost.Seconds(8) + 1e-12);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 2}, cost, eight), 24);
+  // Decode steps seen recently but none pending: the recent count is used.
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 0.1}), 6);
+  // Nobody decoding (for longer than 4 decode batches), share 0, or no
+  // batch measured yet: the whole batch.
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 1}), 512);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 0}, cost, eight), 512);
+  EXPECT_EQ(PrefillBudget(o, BatchCostModel(), eight), 512);
+  // The floor keeps a long prompt moving with one decode step (25 ms: 2 rows).
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 1}), BatchOptions::kMinPrefillRows);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_chunk = 2}, cost, {.pending = 1}), 2);
+}
+
+TEST(BatchOptions, ShortPromptRange) {
+  EXPECT_NO_THROW(BatchOptions{.short_prompt = 0}.Validate());
+  EXPECT_THROW(BatchOptions{.short_prompt = -1}.Validate(), Error);
+  EXPECT_THROW(BatchOptions{.short_prompt = (1 << 16) + 1}.Validate(), Error);
+}
+
+}  // namespace
+}  // namespace meshnet::node
