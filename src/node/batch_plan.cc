@@ -68,15 +68,17 @@ void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t
   }
 }
 
-int64_t PrefillBudget(const BatchOptions& o, const BatchCostModel& cost, const DecodeLoad& load) {
+int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
   const int64_t all = o.max_batch_tokens;
   if (o.prefill_share <= 0 || !cost.ready()) return all;
   const double n = std::max(static_cast<double>(load.pending), load.recent);
-  const double decode_batch = cost.Seconds(std::max(n, 1.0));
+  const double decode_batch = cost.DecodeSeconds(std::max(n, 1.0));
   const bool decoding = load.pending > 0 || load.since_last_s < 4 * decode_batch;
   if (!decoding) return all;
+  const double row = cost.PromptRowSeconds();
+  const double rows = row > 0 ? o.prefill_share * decode_batch / row * (1 + 1e-9) : 1e9;
   const int64_t floor = std::min(o.prefill_chunk, BatchOptions::kMinPrefillRows);
-  return std::max(floor, cost.RowsWithin(o.prefill_share * decode_batch));
+  return std::clamp(static_cast<int64_t>(std::min(rows, 1e9)), floor, all);
 }
 
 }  // namespace meshnet::node

@@ -35,7 +35,7 @@ struct BatchOptions {
   // Prompts of at most this many rows (and at most prefill_chunk) run whole,
   // beside the decode steps, unbounded by prefill_share (0: none).
   int64_t short_prompt = 64;
-  static constexpr int64_t kMinPrefillRows = 4;  // the floor of that bound
+  static constexpr int64_t kMinPrefillRows = 1;  // the floor of that bound
   static constexpr int64_t kMaxTokens = 1 << 16;
   static constexpr int64_t kMaxSessions = 1 << 12;
   // Throws kInvalidArgument naming the flag for a value out of range
@@ -70,10 +70,11 @@ struct DecodeLoad {
 
 // Long prompts' rows one batch may carry: while sessions decode (a decode
 // step is pending, or one ran within 4 decode batches' time: their next step
-// may be on another node of the route, or sampling), rows that add at most
-// prefill_share of the time of a batch of the decode steps alone, by the
-// fitted `cost`, and at least min(prefill_chunk, kMinPrefillRows); otherwise
-// (nobody decoding, share 0 or no cost known yet) max_batch_tokens.
-int64_t PrefillBudget(const BatchOptions& o, const BatchCostModel& cost, const DecodeLoad& load);
+// may be on another node of the route, or sampling), the rows that add at
+// most prefill_share of the time of a batch of the decode steps alone, as
+// `cost` measured both (at least one row: the oldest step always moves);
+// otherwise (nobody decoding, share 0 or no batch measured yet)
+// max_batch_tokens.
+int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
 
 }  // namespace meshnet::node

@@ -22,13 +22,15 @@ std::vector<int64_t> Plan(const std::vector<QueuedRows>& q, const BatchOptions& 
   return take;
 }
 
-// A node where a batch costs 20 ms + 5 ms per row.
-BatchCostModel FittedCost() {
-  BatchCostModel m;
+// A node where a batch of decode steps costs 20 ms + 5 ms per step, and a
+// prompt row adds 10 ms (attention over a long context).
+BatchCosts FittedCosts() {
+  BatchCosts m;
   for (int i = 0; i < 40; ++i) {
     const int64_t rows = 1 + (i % 5) * 4;
-    m.Add(rows, 0.020 + 0.005 * static_cast<double>(rows));
+    m.Add(rows, 0, 0.020 + 0.005 * static_cast<double>(rows));
   }
+  for (int i = 0; i < 40; ++i) m.Add(8, 3, 0.060 + 0.030);
   return m;
 }
 
@@ -84,25 +86,44 @@ TEST(PlanBatch, OldestStepAlwaysRunsWithinLimits) {
 }
 
 // While sessions decode, the budget's rows add at most prefill_share of a
-// decode batch's fitted time (above the floor); otherwise it is every row.
+// decode batch's fitted time, at the measured cost of a prompt row (above
+// the floor of one row); otherwise it is every row.
 TEST(PrefillBudget, RowsStayWithinTheTimeShare) {
-  const BatchCostModel cost = FittedCost();
+  const BatchCosts cost = FittedCosts();
+  EXPECT_NEAR(cost.DecodeSeconds(8), 0.060, 1e-9);
+  EXPECT_NEAR(cost.PromptRowSeconds(), 0.010, 1e-9);
   const BatchOptions o;
   const DecodeLoad eight{.pending = 8};
-  // A batch of 8 decode steps: 60 ms; half of it is 30 ms = 6 rows.
-  EXPECT_EQ(PrefillBudget(o, cost, eight), 6);
-  EXPECT_LE(cost.PerRow() * 6, o.prefill_share * cost.Seconds(8) + 1e-12);
-  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 2}, cost, eight), 24);
+  // A batch of 8 decode steps: 60 ms; half of it is 30 ms = 3 prompt rows
+  // (6 if prompt rows cost what decode rows do).
+  EXPECT_EQ(PrefillBudget(o, cost, eight), 3);
+  EXPECT_LE(cost.PromptRowSeconds() * 3, o.prefill_share * cost.DecodeSeconds(8) + 1e-12);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 2}, cost, eight), 12);
   // Decode steps seen recently but none pending: the recent count is used.
-  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 0.1}), 6);
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 0.1}), 3);
   // Nobody decoding (for longer than 4 decode batches), share 0, or no
   // batch measured yet: the whole batch.
   EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 1}), 512);
   EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 0}, cost, eight), 512);
-  EXPECT_EQ(PrefillBudget(o, BatchCostModel(), eight), 512);
-  // The floor keeps a long prompt moving with one decode step (25 ms: 2 rows).
-  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 1}), BatchOptions::kMinPrefillRows);
-  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_chunk = 2}, cost, {.pending = 1}), 2);
+  EXPECT_EQ(PrefillBudget(o, BatchCosts(), eight), 512);
+  // One decode step (25 ms: 1.25 rows) leaves one row; a tiny share the
+  // floor of one row.
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 1}), 1);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 1e-9}, cost, eight), 1);
+}
+
+// The prompt row's cost follows the recent batches: prompt rows getting
+// dearer (a prompt deeper into its context) shrink the budget.
+TEST(BatchCosts, PromptRowCostFollowsRecentBatches) {
+  BatchCosts cost = FittedCosts();
+  for (int i = 0; i < 40; ++i) cost.Add(8, 3, 0.060 + 0.060);
+  EXPECT_NEAR(cost.PromptRowSeconds(), 0.020, 1e-6);
+  EXPECT_EQ(PrefillBudget(BatchOptions{}, cost, {.pending = 8}), 1);
+  // A batch of prompt rows alone: all of its time is theirs.
+  BatchCosts alone;
+  alone.Add(0, 10, 0.5);
+  EXPECT_TRUE(alone.ready());
+  EXPECT_NEAR(alone.PromptRowSeconds(), 0.05, 1e-12);
 }
 
 TEST(BatchOptions, ShortPromptRange) {

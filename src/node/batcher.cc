@@ -134,7 +134,7 @@ void Batcher::FormLocked() {
   load.pending = std::min(load.pending, options_.max_batch_sessions);
   load.recent = decoders_;
   load.since_last_s = std::chrono::duration<double>(Clock::now() - last_decode_).count();
-  PlanBatch(queued_rows_, options_, PrefillBudget(options_, cost_, load), &take_);
+  PlanBatch(queued_rows_, options_, PrefillBudget(options_, costs_, load), &take_);
   head_ = tail_ = nullptr;
   pending_ = 0;
   for (size_t i = 0; i < queued_items_.size(); ++i) {
@@ -162,17 +162,18 @@ void Batcher::CompleteLocked(double seconds) {
       PushLocked(it);  // the next chunk, behind everyone already waiting
     }
   }
-  cost_.Add(rows, seconds);
+  costs_.Add(decoders, rows - decoders, seconds);
   if (decoders > 0) {
     last_decode_ = Clock::now();
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
                               : static_cast<double>(decoders);
   }
-  CountBatch(rows, static_cast<int64_t>(batch_.size()));
+  CountBatch(rows, static_cast<int64_t>(batch_.size()), seconds);
   batch_.clear();
 }
 
-void Batcher::CountBatch(int64_t rows, int64_t steps) {
+void Batcher::CountBatch(int64_t rows, int64_t steps, double seconds) {
+  stats_.busy_ns.fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
   stats_.batches.fetch_add(1, std::memory_order_relaxed);
   stats_.rows.fetch_add(rows, std::memory_order_relaxed);
   stats_.steps.fetch_add(steps, std::memory_order_relaxed);
@@ -203,9 +204,10 @@ void Batcher::RunAlone(Item& self) {
       observer_(view);
     }
     const shard::BatchSlice slice{&step.step, step.step.start_pos() + self.done, take};
+    const Clock::time_point start = Clock::now();
     shard_->ForwardBatch(step.hidden.data() + self.done * d, std::span(&slice, 1));
     self.done += take;
-    CountBatch(take, 1);
+    CountBatch(take, 1, std::chrono::duration<double>(Clock::now() - start).count());
   }
   if (!shard_->role().is_tail()) return;
   step.logits.resize(shard_->hparams().vocab_size);

@@ -30,8 +30,8 @@
 //  * time-bounded prompt chunks (PrefillBudget): while sessions decode on
 //    this node, the long prompts' rows of one batch are bounded so that they
 //    add at most prefill_share of the time of a batch of the decode steps
-//    alone, as measured on this node (BatchCostModel), and at least
-//    kMinPrefillRows (or prefill_chunk if smaller). A long prompt then costs
+//    alone, as measured on this node (BatchCosts: decode batches and prompt rows
+//    apart), and at least one row. A long prompt then costs
 //    the decoding sessions about (1 + prefill_share) of their inter-token
 //    time, whatever the kernels' speed; with nobody decoding it runs in whole
 //    prefill_chunk rows;
@@ -78,6 +78,7 @@ struct BatchStats {
   std::atomic<int64_t> rows{0};
   std::atomic<int64_t> steps{0};  // sum over batches of the sessions in them
   std::atomic<int64_t> max_sessions{0};
+  std::atomic<int64_t> busy_ns{0};  // sum of the batches' forward pass times
 };
 
 // What one batch holds, for observers (tests).
@@ -127,7 +128,7 @@ class Batcher {
   // Marks done steps, wakes their callers, re-queues the unfinished ones;
   // feeds the cost model with the batch's `seconds`.
   void CompleteLocked(double seconds) REQUIRES(mu_);
-  void CountBatch(int64_t rows, int64_t steps);
+  void CountBatch(int64_t rows, int64_t steps, double seconds);
   // As leader: runs batches until `self` is done (or the queue is held).
   void LeadLocked(Item& self) REQUIRES(mu_);
   // max_batch_sessions 1: runs `self` on this thread, concurrently with others.
@@ -160,7 +161,7 @@ class Batcher {
   std::vector<float> logits_;     // tail: their logits (k, vocab)
   BatchView view_;
   // Leader only: batch costs, and the decode steps seen (for prompt chunks).
-  BatchCostModel cost_ GUARDED_BY(mu_);
+  BatchCosts costs_ GUARDED_BY(mu_);
   Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
   double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
 };

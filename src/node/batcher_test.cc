@@ -144,9 +144,11 @@ TEST(Batcher, BatchedLogitsMatchUnbatchedWithinTolerance) {
 }
 
 // A 18-token prompt with prefill_chunk 4 runs in 5 batches; another session's
-// decode step queued behind it rides in the first one and is done then.
+// decode step queued behind it rides in the first one and is done then
+// (prefill_share 0: only prefill_chunk bounds the chunks here; the time bound
+// is PromptRowsBoundedWhileSessionsDecode's).
 TEST(Batcher, LongPromptRunsInChunksBetweenDecodeSteps) {
-  Node node(File(), WholeModel({.prefill_chunk = 4}), nullptr);
+  Node node(File(), WholeModel({.prefill_chunk = 4, .prefill_share = 0}), nullptr);
   Node alone(File(), WholeModel({.max_batch_sessions = 1, .prefill_chunk = 256}), nullptr);
   Recorder rec(node);
   const std::string p = RandomId128(), d = RandomId128();
