@@ -10,11 +10,15 @@
 //    --mb_node_threads each). Counters: aggregate tokens/s (every generated
 //    token over the wall time), the same per CPU-second of every process of the
 //    route (tok_per_cpu_s: steadier than wall time on a shared machine),
-//    inter-token latency p50/p99 and TTFT p50/p99.
+//    inter-token latency p50/p99 and TTFT p50/p99; in process also the node's
+//    batches, sessions_per_batch, batch_ms (mean forward pass) and node_busy
+//    (its share of the wall time).
 //  * Ratios/<type>: from the Throughput runs of this process: 16 vs 1 session
 //    (aggregate tokens/s; goal >= 6 once nodes batch), 3-node / in-process at 16
 //    sessions (goal >= 0.8), and inter-token p50/p99 at 16 sessions over 1
-//    (goal <= 3).
+//    (goal <= 3); in process, <route>_16v1_batch (batch time 16 vs 1: step
+//    cost) and <route>_16v1_itl50_sched (the ITL p50 ratio over it: batches a
+//    token spans, queueing).
 //  * Mixed/<type>/<route>: 8 sessions decode alone (baseline),
 //    then 8 sessions decode while one --mb_long_prompt-token prompt is
 //    prefilled; p99 of the inter-token gaps that overlap the prefill over the
