@@ -10,11 +10,15 @@
 //    --mb_node_threads each). Counters: aggregate tokens/s (every generated
 //    token over the wall time), the same per CPU-second of every process of the
 //    route (tok_per_cpu_s: steadier than wall time on a shared machine),
-//    inter-token latency p50/p99 and TTFT p50/p99.
+//    inter-token latency p50/p99 and TTFT p50/p99; in process also the node's
+//    batches, sessions_per_batch, batch_ms (mean forward pass) and node_busy
+//    (its share of the wall time).
 //  * Ratios/<type>: from the Throughput runs of this process: 16 vs 1 session
 //    (aggregate tokens/s; goal >= 6 once nodes batch), 3-node / in-process at 16
 //    sessions (goal >= 0.8), and inter-token p50/p99 at 16 sessions over 1
-//    (goal <= 3).
+//    (goal <= 3); in process, <route>_16v1_batch (batch time 16 vs 1: step
+//    cost) and <route>_16v1_itl50_sched (the ITL p50 ratio over it: batches a
+//    token spans, queueing).
 //  * Mixed/<type>/<route>: 8 sessions decode alone (baseline),
 //    then 8 sessions decode while one --mb_long_prompt-token prompt is
 //    prefilled; p99 of the inter-token gaps that overlap the prefill over the
@@ -49,6 +53,7 @@
 #include "gguf/make_model.h"
 #include "mesh/in_process.h"
 #include "mesh/multi_session.h"
+#include "node/batcher.h"
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/node_process.h"
@@ -199,6 +204,10 @@ class Route {
     provider_ = rpc::MakeRemoteRouteProvider(addresses_, co);
   }
   mesh::RouteProvider& provider() { return *provider_; }
+  // The in-process node's batch counters (null for the 3-node route).
+  const node::BatchStats* stats() const {
+    return mesh_ ? &mesh_->node(0).batcher().stats() : nullptr;
+  }
   // CPU seconds used so far by this process and the route's node processes.
   double CpuSeconds() const {
     double s = SelfCpuSeconds();
@@ -243,6 +252,35 @@ struct Figures {
   double tokens_per_s = 0;
   double itl_p50 = 0, itl_p99 = 0;
   double tokens_per_cpu_s = 0;  // all processes of the route
+  double batch_s = 0;           // in process: a batch's mean forward pass time
+};
+
+// The in-process node's batches during a run: count, steps and busy time.
+struct BatchDelta {
+  explicit BatchDelta(const node::BatchStats* s) : stats(s) {
+    if (s != nullptr) Read(&batches, &steps, &busy_ns);
+  }
+  void Read(int64_t* b, int64_t* st, int64_t* ns) const {
+    *b = stats->batches.load();
+    *st = stats->steps.load();
+    *ns = stats->busy_ns.load();
+  }
+  // Adds batches, sessions_per_batch, batch_ms and node_busy (share of the
+  // wall time the node computed); returns the mean batch seconds (0: none).
+  double Count(benchmark::State& state, double wall_s) const {
+    if (stats == nullptr) return 0;
+    int64_t b = 0, st = 0, ns = 0;
+    Read(&b, &st, &ns);
+    b -= batches, st -= steps, ns -= busy_ns;
+    if (b <= 0) return 0;
+    state.counters["batches"] = static_cast<double>(b);
+    state.counters["sessions_per_batch"] = static_cast<double>(st) / static_cast<double>(b);
+    state.counters["batch_ms"] = static_cast<double>(ns) / 1e6 / static_cast<double>(b);
+    state.counters["node_busy"] = wall_s > 0 ? static_cast<double>(ns) / 1e9 / wall_s : 0;
+    return static_cast<double>(ns) / 1e9 / static_cast<double>(b);
+  }
+  const node::BatchStats* stats;
+  int64_t batches = 0, steps = 0, busy_ns = 0;
 };
 std::map<std::string, Figures>& Measured() {  // "type/route/n" -> figures
   static std::map<std::string, Figures> m;
@@ -254,12 +292,14 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   mesh::GenerateOptions o;
   o.max_tokens = Flags().tokens;
   mesh::MultiSessionReport r;
-  double cpu_s = 0;
+  double cpu_s = 0, batch_s = 0;
   for (auto _ : state) {
     mesh::MultiSessionDriver driver(route.provider(), {});
     const double cpu0 = route.CpuSeconds();
+    const BatchDelta batches(route.stats());
     r = driver.Run(Prompts(n), o);
     cpu_s = route.CpuSeconds() - cpu0;
+    batch_s = batches.Count(state, r.wall_s);
     state.SetIterationTime(r.wall_s);
   }
   if (r.failed() > 0) {
@@ -271,7 +311,7 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   const std::vector<double> gaps = r.InterTokenGaps();
   const std::vector<double> ttft = r.TimesToFirstToken();
   Figures f{r.TokensPerSecond(), mesh::Percentile(gaps, 0.5), mesh::Percentile(gaps, 0.99),
-            cpu_s > 0 ? static_cast<double>(r.TotalTokens()) / cpu_s : 0};
+            cpu_s > 0 ? static_cast<double>(r.TotalTokens()) / cpu_s : 0, batch_s};
   Measured()[type + "/" + kind + "/" + std::to_string(n)] = f;
   state.counters["tok_per_s"] = f.tokens_per_s;
   state.counters["itl_p50_ms"] = f.itl_p50 * 1e3;
@@ -298,6 +338,13 @@ void BM_Ratios(benchmark::State& state, std::string type) {
     state.counters[route + "_16v1_tok_cpu"] = sixteen->tokens_per_cpu_s / one->tokens_per_cpu_s;
     state.counters[route + "_16v1_itl50"] = sixteen->itl_p50 / one->itl_p50;
     state.counters[route + "_16v1_itl99"] = sixteen->itl_p99 / one->itl_p99;
+    if (one->batch_s > 0 && sixteen->batch_s > 0) {
+      // The ITL ratio is the batch time ratio (step cost) times the batches
+      // a session's token spans at 16 over 1 (scheduling, queueing).
+      const double step = sixteen->batch_s / one->batch_s;
+      state.counters[route + "_16v1_batch"] = step;
+      state.counters[route + "_16v1_itl50_sched"] = sixteen->itl_p50 / one->itl_p50 / step;
+    }
   }
   for (const std::string& route : {"inproc", "3node"}) {
     const Figures* on = get(route, 16);

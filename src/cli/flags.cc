@@ -41,6 +41,11 @@ std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std:
                       "share of their decode batch's measured time (0 = only --prefill-chunk "
                       "bounds them; 0..16)")
           ->capture_default_str(),
+      sub->add_option("--short-prompt", f->short_prompt,
+                      "Prompts of at most this many tokens (and one --prefill-chunk) run whole "
+                      "beside decode steps, not bounded by --prefill-share (0 = none; 0.." +
+                          tokens + ")")
+          ->capture_default_str(),
   };
 }
 
@@ -50,6 +55,7 @@ node::BatchOptions BatchOptionsFrom(const BatchFlags& f) {
   o.max_batch_sessions = f.max_batch_sessions;
   o.prefill_chunk = f.prefill_chunk;
   o.prefill_share = f.prefill_share;
+  o.short_prompt = f.short_prompt;
   o.Validate();
   return o;
 }

@@ -24,15 +24,17 @@ inline constexpr int kMaxGenerateTokens = 1000000;
 // CLI11 validator: an integer in [lo, hi], with a message naming the range.
 CLI::Validator IntRange(int64_t lo, int64_t hi);
 
-// --max-batch-tokens, --max-batch-sessions, --prefill-chunk, --prefill-share
+// --max-batch-tokens, --max-batch-sessions, --prefill-chunk, --prefill-share,
+// --short-prompt
 // (node/batcher.h), for `serve` and the in-process route of `generate` and `api`.
 struct BatchFlags {
   int64_t max_batch_tokens = node::BatchOptions{}.max_batch_tokens;
   int64_t max_batch_sessions = node::BatchOptions{}.max_batch_sessions;
   int64_t prefill_chunk = node::BatchOptions{}.prefill_chunk;
   double prefill_share = node::BatchOptions{}.prefill_share;
+  int64_t short_prompt = node::BatchOptions{}.short_prompt;
 };
-// Adds the four flags to `sub` (`whose`: "this node" or "each in-process
+// Adds the five flags to `sub` (`whose`: "this node" or "each in-process
 // shard", for the help text); returns them (to see which were given).
 std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std::string& whose);
 // The options, validated: out of range throws kInvalidArgument (exit 2).
@@ -46,7 +48,7 @@ struct ServerSecurityFlags {
   std::string tls_key;
   std::string tls_ca;
 };
-// Adds the four flags to `sub`, in that order (`auth_help`: --auth-token's help).
+// Adds the five flags to `sub`, in that order (`auth_help`: --auth-token's help).
 void AddServerSecurityFlags(CLI::App* sub, ServerSecurityFlags* f, const std::string& auth_help);
 // Copies them into a server's options (rpc::NodeServerOptions,
 // rpc::RegistryServerOptions); the token from $MESHNET_AUTH_TOKEN if no flag.
@@ -66,7 +68,7 @@ struct ClientSecurityFlags {
   std::string tls_cert;
   std::string tls_key;
 };
-// Adds the four flags to `sub`, in that order, with the help texts given for
+// Adds the five flags to `sub`, in that order, with the help texts given for
 // the token and the CA (the certificate and key say "for mutual TLS").
 void AddClientSecurityFlags(CLI::App* sub, ClientSecurityFlags* f, const std::string& auth_help,
                             const std::string& ca_help);

@@ -38,7 +38,29 @@ double BatchCostModel::Seconds(double rows) const { return Fixed() + PerRow() * 
 int64_t BatchCostModel::RowsWithin(double seconds) const {
   const double b = PerRow();
   if (b <= 0 || !(seconds > 0)) return 0;
-  return static_cast<int64_t>(std::min(std::floor(seconds / b), 1e9));
+  // (1e-9: a quotient meant to be whole is not floored one row short.)
+  return static_cast<int64_t>(std::min(std::floor(seconds / b * (1 + 1e-9)), 1e9));
+}
+
+void BatchCosts::Add(int64_t decode_rows, int64_t prompt_rows, double seconds) {
+  if (!(seconds >= 0) || decode_rows < 0 || prompt_rows < 0) return;
+  all_.Add(decode_rows + prompt_rows, seconds);
+  if (prompt_rows == 0) {
+    decode_.Add(decode_rows, seconds);
+    return;
+  }
+  if (decode_rows > 0 && !decode_.ready()) return;  // nothing to take the decode steps' part from
+  const double decode_s = decode_rows > 0 ? decode_.Seconds(static_cast<double>(decode_rows)) : 0;
+  const double row = std::max(0.0, seconds - decode_s) / static_cast<double>(prompt_rows);
+  prompt_row_s_ = prompt_row_s_ > 0 ? 0.75 * prompt_row_s_ + 0.25 * row : row;
+}
+
+double BatchCosts::DecodeSeconds(double decoders) const {
+  return decode_.ready() ? decode_.Seconds(decoders) : all_.Seconds(decoders);
+}
+
+double BatchCosts::PromptRowSeconds() const {
+  return prompt_row_s_ > 0 ? prompt_row_s_ : all_.PerRow();
 }
 
 }  // namespace meshnet::node

@@ -41,4 +41,30 @@ class BatchCostModel {
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
 };
 
+// What node::Batcher measures to bound prompt rows: every batch (`all`), the
+// batches of decode steps alone (`decode`: what the decoding sessions pay
+// without prompts) and what one prompt row adds to a batch, measured over the
+// recent batches with prompt rows (a moving average of their time beyond the
+// decode steps' fitted time, per prompt row). A prompt row deep in a long
+// prompt attends over its whole context, so it can cost several decode rows;
+// one fit over all rows would underestimate it.
+//
+// Thread-safety: none (the batcher's leader is its only user).
+class BatchCosts {
+ public:
+  // One batch of `decode_rows` decode steps and `prompt_rows` prompt rows.
+  void Add(int64_t decode_rows, int64_t prompt_rows, double seconds);
+  // True once a batch was seen.
+  bool ready() const { return all_.ready(); }
+  // Fitted seconds of a batch of `decoders` decode steps alone (from every
+  // batch until one of decode steps alone was seen).
+  double DecodeSeconds(double decoders) const;
+  // Seconds one prompt row adds to a batch (> 0 once ready).
+  double PromptRowSeconds() const;
+
+ private:
+  BatchCostModel all_, decode_;
+  double prompt_row_s_ = 0;
+};
+
 }  // namespace meshnet::node

@@ -6,7 +6,6 @@
 // batch_ and read by its caller once `finished` is set (both under mu_).
 #include "node/batcher.h"
 
-#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -15,21 +14,6 @@
 #include "util/error.h"
 
 namespace meshnet::node {
-
-void BatchOptions::Validate() const {
-  if (max_batch_tokens < 1 || max_batch_tokens > kMaxTokens) {
-    ThrowInvalidArgument("--max-batch-tokens must be in 1.." + std::to_string(kMaxTokens));
-  }
-  if (max_batch_sessions < 1 || max_batch_sessions > kMaxSessions) {
-    ThrowInvalidArgument("--max-batch-sessions must be in 1.." + std::to_string(kMaxSessions));
-  }
-  if (prefill_chunk < 1 || prefill_chunk > kMaxTokens) {
-    ThrowInvalidArgument("--prefill-chunk must be in 1.." + std::to_string(kMaxTokens));
-  }
-  if (!(prefill_share >= 0 && prefill_share <= 16)) {
-    ThrowInvalidArgument("--prefill-share must be in 0..16");
-  }
-}
 
 namespace {
 
@@ -51,7 +35,6 @@ struct Batcher::Item {
   const std::function<bool()>* cancel = nullptr;  // the caller's check, may be null
   int64_t done = 0;                               // rows computed
   int64_t take = 0;                               // rows in the running batch
-  bool chosen = false;                            // FormLocked: in the next batch
   bool finished = false;
   std::exception_ptr error;
   Item* next = nullptr;  // queue link
@@ -134,65 +117,36 @@ void Batcher::DropCancelledLocked() {
   }
 }
 
-// Chooses in three passes (the oldest step, decode steps, prompt rows in
-// arrival order), then unlinks the chosen steps in queue order.
+// Plans the batch over the queue (PlanBatch), then unlinks the chosen steps
+// in queue order.
 void Batcher::FormLocked() {
   batch_.clear();
   DropCancelledLocked();
   if (head_ == nullptr) return;
-  const int64_t max_steps = options_.max_batch_sessions;
-  int64_t steps = 0, rows = 0;
-  auto choose = [&](Item* it, int64_t take) {
-    it->chosen = true;
-    it->take = take;
-    ++steps;
-    rows += take;
-  };
-  for (Item* it = head_; it != nullptr; it = it->next) it->chosen = false;
-  if (IsDecode(*head_->step)) choose(head_, 1);
-  for (Item* it = head_->next; it != nullptr; it = it->next) {
-    // Room is kept for the oldest step when it is a prompt.
-    const int64_t reserve = head_->chosen ? 0 : 1;
-    if (steps + reserve >= max_steps || rows + reserve >= options_.max_batch_tokens) break;
-    if (IsDecode(*it->step)) choose(it, 1);
+  queued_items_.clear();
+  queued_rows_.clear();
+  DecodeLoad load;
+  for (Item* it = head_; it != nullptr; it = it->next) {
+    queued_items_.push_back(it);
+    queued_rows_.push_back({it->step->n_new, it->done});
+    if (IsDecode(*it->step)) ++load.pending;
   }
-  int64_t prefill = PrefillRowsLocked(steps);
-  for (Item* it = head_; it != nullptr && steps < max_steps; it = it->next) {
-    if (it->chosen) continue;
-    const int64_t take = std::min({it->step->n_new - it->done, options_.prefill_chunk,
-                                   options_.max_batch_tokens - rows, prefill});
-    if (take <= 0) break;
-    choose(it, take);
-    prefill -= take;
-  }
-  Item* prev = nullptr;
-  for (Item* it = head_; it != nullptr;) {
-    Item* next = it->next;
-    if (it->chosen) {
-      (prev != nullptr ? prev->next : head_) = next;
-      if (tail_ == it) tail_ = prev;
-      --pending_;
+  load.pending = std::min(load.pending, options_.max_batch_sessions);
+  load.recent = decoders_;
+  load.since_last_s = std::chrono::duration<double>(Clock::now() - last_decode_).count();
+  PlanBatch(queued_rows_, options_, PrefillBudget(options_, costs_, load), &take_);
+  head_ = tail_ = nullptr;
+  pending_ = 0;
+  for (size_t i = 0; i < queued_items_.size(); ++i) {
+    Item* it = queued_items_[i];
+    it->take = take_[i];
+    if (it->take > 0) {
       it->next = nullptr;
       batch_.push_back(it);
     } else {
-      prev = it;
+      PushLocked(it);
     }
-    it = next;
   }
-}
-
-int64_t Batcher::PrefillRowsLocked(int64_t decoders) const {
-  const int64_t all = options_.max_batch_tokens;
-  if (options_.prefill_share <= 0 || !cost_.ready()) return all;
-  const double n = std::max(static_cast<double>(decoders), decoders_);
-  const double decode_batch = cost_.Seconds(std::max(n, 1.0));
-  // Sessions still decode here when one ran within a few of their batches'
-  // time (their next step may be on another node of the route, or sampling).
-  const bool decoding =
-      decoders > 0 || Clock::now() - last_decode_ < std::chrono::duration<double>(4 * decode_batch);
-  if (!decoding) return all;
-  const int64_t floor = std::min(options_.prefill_chunk, BatchOptions::kMinPrefillRows);
-  return std::max(floor, cost_.RowsWithin(options_.prefill_share * decode_batch));
 }
 
 void Batcher::CompleteLocked(double seconds) {
@@ -208,17 +162,18 @@ void Batcher::CompleteLocked(double seconds) {
       PushLocked(it);  // the next chunk, behind everyone already waiting
     }
   }
-  cost_.Add(rows, seconds);
+  costs_.Add(decoders, rows - decoders, seconds);
   if (decoders > 0) {
     last_decode_ = Clock::now();
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
                               : static_cast<double>(decoders);
   }
-  CountBatch(rows, static_cast<int64_t>(batch_.size()));
+  CountBatch(rows, static_cast<int64_t>(batch_.size()), seconds);
   batch_.clear();
 }
 
-void Batcher::CountBatch(int64_t rows, int64_t steps) {
+void Batcher::CountBatch(int64_t rows, int64_t steps, double seconds) {
+  stats_.busy_ns.fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
   stats_.batches.fetch_add(1, std::memory_order_relaxed);
   stats_.rows.fetch_add(rows, std::memory_order_relaxed);
   stats_.steps.fetch_add(steps, std::memory_order_relaxed);
@@ -249,9 +204,10 @@ void Batcher::RunAlone(Item& self) {
       observer_(view);
     }
     const shard::BatchSlice slice{&step.step, step.step.start_pos() + self.done, take};
+    const Clock::time_point start = Clock::now();
     shard_->ForwardBatch(step.hidden.data() + self.done * d, std::span(&slice, 1));
     self.done += take;
-    CountBatch(take, 1);
+    CountBatch(take, 1, std::chrono::duration<double>(Clock::now() - start).count());
   }
   if (!shard_->role().is_tail()) return;
   step.logits.resize(shard_->hparams().vocab_size);

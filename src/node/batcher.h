@@ -18,21 +18,23 @@
 //    leader's own step is done, it hands the lead to the oldest pending step
 //    and returns. No lock is held across the forward pass;
 //  * when a batch finishes, everything pending forms the next one, up to
-//    max_batch_sessions sessions and max_batch_tokens rows, in this order of
-//    precedence: the oldest pending step (so nothing starves), then every
-//    decode step (one row; decode first), then prompt rows in arrival order.
-//    The batch keeps arrival order;
+//    max_batch_sessions sessions and max_batch_tokens rows, as PlanBatch
+//    (node/batch_plan.h) chooses: the oldest pending step (so nothing
+//    starves), then every decode step (one row; decode first), then short
+//    prompts whole (at most short_prompt rows and one chunk: a burst of new
+//    sessions gets its first tokens at once), then long prompts' rows in
+//    arrival order. The batch keeps arrival order;
 //  * a step of more than prefill_chunk rows (a long prompt) runs one chunk per
 //    batch and goes back to the end of the queue between chunks, so the
 //    decode steps of other sessions run between its chunks;
-//  * time-bounded prompt chunks: while sessions decode on this node (a decode
-//    step is pending, or one ran within the last few decode batches' time),
-//    the prompt rows of one batch are bounded so that they add at most
-//    prefill_share of the time of a batch of the decode steps alone, as
-//    measured on this node (BatchCostModel), and at least kMinPrefillRows (or
-//    prefill_chunk if smaller). A long prompt then costs the decoding sessions
-//    about (1 + prefill_share) of their inter-token time, whatever the
-//    kernels' speed; with nobody decoding it runs in whole prefill_chunk rows;
+//  * time-bounded prompt chunks (PrefillBudget): while sessions decode on
+//    this node, the long prompts' rows of one batch are bounded so that they
+//    add at most prefill_share of the time of a batch of the decode steps
+//    alone, as measured on this node (BatchCosts: decode batches and prompt rows
+//    apart), and at least one row. A long prompt then costs
+//    the decoding sessions about (1 + prefill_share) of their inter-token
+//    time, whatever the kernels' speed; with nobody decoding it runs in whole
+//    prefill_chunk rows;
 //  * fairness: the queue is FIFO, a partly done step re-queues at the end and
 //    the oldest step is always in the next batch, so every pending step is in
 //    one of the next (pending) batches;
@@ -63,26 +65,12 @@
 #include <vector>
 
 #include "node/batch_cost.h"
+#include "node/batch_plan.h"
 #include "shard/kv_boundary_adapter.h"
 #include "shard/llama_shard.h"
 #include "util/mutex.h"
 
 namespace meshnet::node {
-
-struct BatchOptions {
-  int64_t max_batch_tokens = 512;   // rows of one forward pass
-  int64_t max_batch_sessions = 64;  // sessions of one forward pass (1: no batching)
-  int64_t prefill_chunk = 256;      // rows of one step per batch
-  // While sessions decode, a batch's prompt rows add at most this share of
-  // the decode steps' own batch time (0: only prefill_chunk bounds them).
-  double prefill_share = 0.5;
-  static constexpr int64_t kMinPrefillRows = 4;  // the floor of that bound
-  static constexpr int64_t kMaxTokens = 1 << 16;
-  static constexpr int64_t kMaxSessions = 1 << 12;
-  // Throws kInvalidArgument naming the flag for a value out of range
-  // (each 1..kMax*; prefill_chunk 1..kMaxTokens; prefill_share 0..16).
-  void Validate() const;
-};
 
 // Monotonic counters (relaxed atomics).
 struct BatchStats {
@@ -90,6 +78,7 @@ struct BatchStats {
   std::atomic<int64_t> rows{0};
   std::atomic<int64_t> steps{0};  // sum over batches of the sessions in them
   std::atomic<int64_t> max_sessions{0};
+  std::atomic<int64_t> busy_ns{0};  // sum of the batches' forward pass times
 };
 
 // What one batch holds, for observers (tests).
@@ -130,8 +119,6 @@ class Batcher {
   void FormLocked() REQUIRES(mu_);
   // Takes cancelled steps off the queue and fails them.
   void DropCancelledLocked() REQUIRES(mu_);
-  // Prompt rows the next batch may carry besides `decoders` decode steps.
-  int64_t PrefillRowsLocked(int64_t decoders) const REQUIRES(mu_);
   // Forward pass (and LM head) over batch_; no lock held. Only the leader
   // touches batch_ and the buffers.
   void Execute();
@@ -141,7 +128,7 @@ class Batcher {
   // Marks done steps, wakes their callers, re-queues the unfinished ones;
   // feeds the cost model with the batch's `seconds`.
   void CompleteLocked(double seconds) REQUIRES(mu_);
-  void CountBatch(int64_t rows, int64_t steps);
+  void CountBatch(int64_t rows, int64_t steps, double seconds);
   // As leader: runs batches until `self` is done (or the queue is held).
   void LeadLocked(Item& self) REQUIRES(mu_);
   // max_batch_sessions 1: runs `self` on this thread, concurrently with others.
@@ -165,14 +152,16 @@ class Batcher {
 
   // The leader's batch and buffers (only the thread with running_ set uses them).
   std::vector<Item*> batch_;
-  std::vector<int64_t> take_;  // rows of each batch_ step in this batch
+  std::vector<Item*> queued_items_;      // FormLocked: the queue, in order
+  std::vector<QueuedRows> queued_rows_;  // and what PlanBatch sees of it
+  std::vector<int64_t> take_;            // PlanBatch's rows per queued step
   std::vector<shard::BatchSlice> slices_;
   std::vector<float> hidden_;     // stacked rows (rows, n_embd)
   std::vector<float> last_rows_;  // tail: finished steps' last rows
   std::vector<float> logits_;     // tail: their logits (k, vocab)
   BatchView view_;
   // Leader only: batch costs, and the decode steps seen (for prompt chunks).
-  BatchCostModel cost_ GUARDED_BY(mu_);
+  BatchCosts costs_ GUARDED_BY(mu_);
   Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
   double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
 };

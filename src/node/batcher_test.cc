@@ -144,9 +144,11 @@ TEST(Batcher, BatchedLogitsMatchUnbatchedWithinTolerance) {
 }
 
 // A 18-token prompt with prefill_chunk 4 runs in 5 batches; another session's
-// decode step queued behind it rides in the first one and is done then.
+// decode step queued behind it rides in the first one and is done then
+// (prefill_share 0: only prefill_chunk bounds the chunks here; the time bound
+// is PromptRowsBoundedWhileSessionsDecode's).
 TEST(Batcher, LongPromptRunsInChunksBetweenDecodeSteps) {
-  Node node(File(), WholeModel({.prefill_chunk = 4}), nullptr);
+  Node node(File(), WholeModel({.prefill_chunk = 4, .prefill_share = 0}), nullptr);
   Node alone(File(), WholeModel({.max_batch_sessions = 1, .prefill_chunk = 256}), nullptr);
   Recorder rec(node);
   const std::string p = RandomId128(), d = RandomId128();
@@ -307,8 +309,9 @@ TEST(Batcher, DecodeStepsGoFirst) {
 // While a session decodes, a long prompt's rows per batch are bounded by the
 // decode batch's time (prefill_share; a tiny share leaves the floor of 4
 // rows) instead of prefill_chunk; with nobody decoding, it runs whole.
+// (short_prompt 0: the 18-token prompt counts as long here.)
 TEST(Batcher, PromptRowsBoundedWhileSessionsDecode) {
-  Node node(File(), WholeModel({.prefill_share = 1e-9}), nullptr);
+  Node node(File(), WholeModel({.prefill_share = 1e-9, .short_prompt = 0}), nullptr);
   Node alone(File(), WholeModel({.max_batch_sessions = 1}), nullptr);
   Recorder rec(node);
   const std::string p = RandomId128(), q = RandomId128(), d = RandomId128();
@@ -332,6 +335,37 @@ TEST(Batcher, PromptRowsBoundedWhileSessionsDecode) {
     for (int64_t r : v.rows) rows += r;
   }
   EXPECT_EQ(rows, 18 + 1);
+}
+
+// Short prompts (new sessions) arriving while a session decodes run whole in
+// one batch beside its decode step, though the time bound leaves a long
+// prompt only the floor of 4 rows (before, they shared those 4 rows: one
+// prompt chunk per batch, and a burst of new sessions waited batch after
+// batch for its first tokens).
+TEST(Batcher, ShortPromptsRunWholeBesideDecodeSteps) {
+  Node node(File(), WholeModel({.prefill_share = 1e-9, .short_prompt = 8}), nullptr);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), nullptr);
+  Recorder rec(node);
+  const std::string d = RandomId128(), p1 = RandomId128(), p2 = RandomId128(), p3 = RandomId128();
+  const StepResult d0 = StepOf(node, Prefill(d, PromptOf(1, 3)));
+  StepOf(alone, Prefill(d, PromptOf(1, 3)));
+  rec.Take();
+  const std::vector<StepResult> got =
+      RunHeld(node, {Decode(d, Tail(d0).token_id, 3), Prefill(p1, PromptOf(2, 6)),
+                     Prefill(p2, PromptOf(3, 8)), Prefill(p3, PromptOf(4, 7))});
+  const std::vector<BatchView> b = rec.Take();
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].session_ids, (std::vector<std::string>{d, p1, p2, p3}));
+  EXPECT_EQ(b[0].rows, (std::vector<int64_t>{1, 6, 8, 7}));
+  ExpectLogitsNear(got[0], StepOf(alone, Decode(d, Tail(d0).token_id, 3)), "decode step");
+  ExpectLogitsNear(got[2], StepOf(alone, Prefill(p2, PromptOf(3, 8))), "short prompt");
+  // A prompt one row over short_prompt is long again: the floor of 4 rows.
+  const StepResult e0 = StepOf(node, Decode(d, Tail(got[0]).token_id, 4));
+  rec.Take();
+  RunHeld(node, {Decode(d, Tail(e0).token_id, 5), Prefill(RandomId128(), PromptOf(5, 9))});
+  const std::vector<BatchView> c = rec.Take();
+  ASSERT_GE(c.size(), 2u);
+  EXPECT_EQ(c[0].rows, (std::vector<int64_t>{1, BatchOptions::kMinPrefillRows}));
 }
 
 TEST(BatchCostModel, FitsFixedAndPerRowCost) {

@@ -1,0 +1,84 @@
+// The batcher's admission policy. See batch_plan.h.
+#include "node/batch_plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "util/error.h"
+
+namespace meshnet::node {
+
+void BatchOptions::Validate() const {
+  if (max_batch_tokens < 1 || max_batch_tokens > kMaxTokens) {
+    ThrowInvalidArgument("--max-batch-tokens must be in 1.." + std::to_string(kMaxTokens));
+  }
+  if (max_batch_sessions < 1 || max_batch_sessions > kMaxSessions) {
+    ThrowInvalidArgument("--max-batch-sessions must be in 1.." + std::to_string(kMaxSessions));
+  }
+  if (prefill_chunk < 1 || prefill_chunk > kMaxTokens) {
+    ThrowInvalidArgument("--prefill-chunk must be in 1.." + std::to_string(kMaxTokens));
+  }
+  if (short_prompt < 0 || short_prompt > kMaxTokens) {
+    ThrowInvalidArgument("--short-prompt must be in 0.." + std::to_string(kMaxTokens));
+  }
+  if (!(prefill_share >= 0 && prefill_share <= 16)) {
+    ThrowInvalidArgument("--prefill-share must be in 0..16");
+  }
+}
+
+bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o) {
+  return q.total > 1 && q.total <= std::min({o.short_prompt, o.prefill_chunk, o.max_batch_tokens});
+}
+
+void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t prefill_budget,
+               std::vector<int64_t>* take) {
+  take->assign(queue.size(), 0);
+  if (queue.empty()) return;
+  int64_t steps = 0, rows = 0;
+  auto choose = [&](size_t i, int64_t n) {
+    (*take)[i] = n;
+    ++steps;
+    rows += n;
+  };
+  // Whether `n` more rows of one more step fit, keeping a row and a step for
+  // the oldest step while it is not chosen yet.
+  auto fits = [&](int64_t n) {
+    const int64_t reserve = (*take)[0] > 0 ? 0 : 1;
+    return steps + 1 + reserve <= o.max_batch_sessions && rows + n + reserve <= o.max_batch_tokens;
+  };
+  const QueuedRows& oldest = queue[0];
+  if (IsDecodeRows(oldest)) choose(0, 1);
+  if (IsShortPrompt(oldest, o)) choose(0, oldest.total - oldest.done);
+  for (size_t i = 1; i < queue.size(); ++i) {
+    if (IsDecodeRows(queue[i]) && fits(1)) choose(i, 1);
+  }
+  for (size_t i = 1; i < queue.size(); ++i) {
+    const int64_t left = queue[i].total - queue[i].done;
+    if (IsShortPrompt(queue[i], o) && fits(left)) choose(i, left);
+  }
+  int64_t budget = std::max<int64_t>(prefill_budget, 1);
+  for (size_t i = 0; i < queue.size() && budget > 0; ++i) {
+    if ((*take)[i] > 0 || IsDecodeRows(queue[i])) continue;
+    if (i > 0 && !fits(1)) break;
+    const int64_t left = queue[i].total - queue[i].done;
+    const int64_t n = std::min({left, o.prefill_chunk, o.max_batch_tokens - rows, budget});
+    if (n <= 0) break;
+    choose(i, n);
+    budget -= n;
+  }
+}
+
+int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
+  const int64_t all = o.max_batch_tokens;
+  if (o.prefill_share <= 0 || !cost.ready()) return all;
+  const double n = std::max(static_cast<double>(load.pending), load.recent);
+  const double decode_batch = cost.DecodeSeconds(std::max(n, 1.0));
+  const bool decoding = load.pending > 0 || load.since_last_s < 4 * decode_batch;
+  if (!decoding) return all;
+  const double row = cost.PromptRowSeconds();
+  const double rows = row > 0 ? o.prefill_share * decode_batch / row * (1 + 1e-9) : 1e9;
+  const int64_t floor = std::min(o.prefill_chunk, BatchOptions::kMinPrefillRows);
+  return std::clamp(static_cast<int64_t>(std::min(rows, 1e9)), floor, all);
+}
+
+}  // namespace meshnet::node

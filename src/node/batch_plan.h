@@ -1,0 +1,80 @@
+// The batcher's admission policy as pure functions (node::Batcher applies
+// them to its queue; tests drive them with a BatchCostModel fed by hand).
+//
+// PlanBatch chooses what the next batch computes from the pending steps, in
+// queue (arrival) order:
+//  1. the oldest step, always (nothing starves): a decode step's row, a short
+//     prompt whole, or a long prompt's next chunk;
+//  2. every decode step (one row each: decode first);
+//  3. every short prompt (a step of at most short_prompt rows and at most one
+//     chunk) whole, or what is left of it: a new session's prompt is cheap, and chunking it
+//     only delays its first token (a burst of new sessions then gets their
+//     first tokens as fast as without the time bound below);
+//  4. the rows of long prompts (and of short ones the rows left could not
+//     hold whole), in arrival order, one chunk per step of at
+//     most prefill_chunk rows, all of them together at most `prefill_budget`
+//     rows (PrefillBudget).
+// Everything within max_batch_sessions steps and max_batch_tokens rows.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "node/batch_cost.h"
+
+namespace meshnet::node {
+
+struct BatchOptions {
+  int64_t max_batch_tokens = 512;   // rows of one forward pass
+  int64_t max_batch_sessions = 64;  // sessions of one forward pass (1: no batching)
+  int64_t prefill_chunk = 256;      // rows of one step per batch
+  // While sessions decode, a batch's long-prompt rows add at most this share
+  // of the decode steps' own batch time (0: only prefill_chunk bounds them).
+  double prefill_share = 0.5;
+  // Prompts of at most this many rows (and at most prefill_chunk) run whole,
+  // beside the decode steps, unbounded by prefill_share (0: none).
+  int64_t short_prompt = 64;
+  static constexpr int64_t kMinPrefillRows = 1;  // the floor of that bound
+  static constexpr int64_t kMaxTokens = 1 << 16;
+  static constexpr int64_t kMaxSessions = 1 << 12;
+  // Throws kInvalidArgument naming the flag for a value out of range
+  // (each 1..kMax*; prefill_chunk 1..kMaxTokens; short_prompt 0..kMaxTokens;
+  // prefill_share 0..16).
+  void Validate() const;
+};
+
+// One pending step as the policy sees it.
+struct QueuedRows {
+  int64_t total = 0;  // the step's rows
+  int64_t done = 0;   // rows already computed (earlier chunks)
+};
+
+// A step of one row: a decode step (or a one-token prompt).
+inline bool IsDecodeRows(const QueuedRows& q) { return q.total == 1; }
+// A prompt admitted whole (step 3 above).
+bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o);
+
+// Sets (*take)[i] to the rows step i computes in the next batch (0: not in
+// it). `prefill_budget` bounds the long prompts' rows (the oldest step gets
+// at least one row whatever it is). Reuses *take's storage.
+void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t prefill_budget,
+               std::vector<int64_t>* take);
+
+// What the batcher knows of the sessions decoding on the node.
+struct DecodeLoad {
+  int64_t pending = 0;        // decode steps in the queue now
+  double recent = 0;          // decode steps per recent batch (moving average)
+  double since_last_s = 1e9;  // seconds since the last batch with decode steps
+};
+
+// Long prompts' rows one batch may carry: while sessions decode (a decode
+// step is pending, or one ran within 4 decode batches' time: their next step
+// may be on another node of the route, or sampling), the rows that add at
+// most prefill_share of the time of a batch of the decode steps alone, as
+// `cost` measured both (at least one row: the oldest step always moves);
+// otherwise (nobody decoding, share 0 or no batch measured yet)
+// max_batch_tokens.
+int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
+
+}  // namespace meshnet::node

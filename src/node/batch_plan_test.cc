@@ -1,0 +1,136 @@
+// The batcher's admission policy on made-up queues and a cost model fed by
+// hand (no model, no timing): short prompts run whole beside decode steps,
+// long prompts get only the time budget, the oldest step always runs, the
+// limits hold, and the budget's rows stay within the time share.
+#include "node/batch_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "util/error.h"
+
+namespace meshnet::node {
+namespace {
+
+constexpr QueuedRows kDecode{1, 0};
+QueuedRows Prompt(int64_t rows, int64_t done = 0) { return {rows, done}; }
+
+std::vector<int64_t> Plan(const std::vector<QueuedRows>& q, const BatchOptions& o, int64_t budget) {
+  std::vector<int64_t> take = {99};  // overwritten
+  PlanBatch(q, o, budget, &take);
+  return take;
+}
+
+// A node where a batch of decode steps costs 20 ms + 5 ms per step, and a
+// prompt row adds 10 ms (attention over a long context).
+BatchCosts FittedCosts() {
+  BatchCosts m;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t rows = 1 + (i % 5) * 4;
+    m.Add(rows, 0, 0.020 + 0.005 * static_cast<double>(rows));
+  }
+  for (int i = 0; i < 40; ++i) m.Add(8, 3, 0.060 + 0.030);
+  return m;
+}
+
+// 16 new sessions' 4-token prompts arrive while 8 sessions decode: all run
+// whole in the next batch, though the long-prompt budget is 4 rows.
+TEST(PlanBatch, BurstOfShortPromptsRunsWholeBesideDecodeSteps) {
+  std::vector<QueuedRows> q;
+  for (int i = 0; i < 8; ++i) q.push_back(kDecode);
+  for (int i = 0; i < 16; ++i) q.push_back(Prompt(4));
+  const std::vector<int64_t> take = Plan(q, BatchOptions{}, 4);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(take[i], 1) << i;
+  for (int i = 8; i < 24; ++i) EXPECT_EQ(take[i], 4) << i;
+}
+
+// A long prompt (oldest) gets the budget's rows; the short prompts behind it
+// run whole and do not eat into that budget; decode steps all run.
+TEST(PlanBatch, LongPromptGetsOnlyTheBudget) {
+  const std::vector<QueuedRows> q = {Prompt(2000), kDecode, Prompt(30), kDecode, Prompt(2000)};
+  EXPECT_EQ(Plan(q, BatchOptions{}, 6), (std::vector<int64_t>{6, 1, 30, 1, 0}));
+  // A budget of 0 still gives the oldest step a row; with more budget than
+  // one chunk the next long prompt gets the rest.
+  EXPECT_EQ(Plan(q, BatchOptions{}, 0), (std::vector<int64_t>{1, 1, 30, 1, 0}));
+  EXPECT_EQ(Plan(q, BatchOptions{.prefill_chunk = 100}, 150),
+            (std::vector<int64_t>{100, 1, 30, 1, 50}));
+}
+
+// A prompt is short when it fits short_prompt and one chunk (a long prompt's
+// last chunk stays bounded; what is left of a short one runs whole).
+TEST(PlanBatch, WhatCountsAsShort) {
+  const BatchOptions o{.prefill_chunk = 16, .short_prompt = 32};
+  EXPECT_TRUE(IsShortPrompt(Prompt(16), o));
+  EXPECT_FALSE(IsShortPrompt(Prompt(17), o));  // more than a chunk
+  EXPECT_FALSE(IsShortPrompt(Prompt(20, 10), o));
+  EXPECT_TRUE(IsShortPrompt(Prompt(10, 6), o));
+  EXPECT_EQ(Plan({kDecode, Prompt(10, 6)}, o, 1), (std::vector<int64_t>{1, 4}));
+  EXPECT_FALSE(IsShortPrompt(kDecode, o));
+  EXPECT_FALSE(IsShortPrompt(Prompt(2), BatchOptions{.short_prompt = 0}));
+  EXPECT_FALSE(IsShortPrompt(Prompt(8), BatchOptions{.max_batch_tokens = 7}));
+}
+
+// The oldest step always runs, whatever the limits leave: with two sessions
+// per batch and the oldest a long prompt, one decode step rides with it.
+TEST(PlanBatch, OldestStepAlwaysRunsWithinLimits) {
+  const std::vector<QueuedRows> q = {Prompt(500), kDecode, kDecode, Prompt(4)};
+  EXPECT_EQ(Plan(q, BatchOptions{.max_batch_sessions = 2}, 8), (std::vector<int64_t>{8, 1, 0, 0}));
+  EXPECT_EQ(Plan(q, BatchOptions{.max_batch_tokens = 3}, 8), (std::vector<int64_t>{1, 1, 1, 0}));
+  // A short prompt that does not fit the rows left whole waits; a smaller
+  // one behind it runs.
+  const std::vector<QueuedRows> shorts = {kDecode, Prompt(6), Prompt(3), Prompt(2)};
+  EXPECT_EQ(Plan(shorts, BatchOptions{.max_batch_tokens = 9}, 8),
+            (std::vector<int64_t>{1, 6, 0, 2}));
+  EXPECT_TRUE(Plan({}, BatchOptions{}, 8).empty());
+}
+
+// While sessions decode, the budget's rows add at most prefill_share of a
+// decode batch's fitted time, at the measured cost of a prompt row (above
+// the floor of one row); otherwise it is every row.
+TEST(PrefillBudget, RowsStayWithinTheTimeShare) {
+  const BatchCosts cost = FittedCosts();
+  EXPECT_NEAR(cost.DecodeSeconds(8), 0.060, 1e-9);
+  EXPECT_NEAR(cost.PromptRowSeconds(), 0.010, 1e-9);
+  const BatchOptions o;
+  const DecodeLoad eight{.pending = 8};
+  // A batch of 8 decode steps: 60 ms; half of it is 30 ms = 3 prompt rows
+  // (6 if prompt rows cost what decode rows do).
+  EXPECT_EQ(PrefillBudget(o, cost, eight), 3);
+  EXPECT_LE(cost.PromptRowSeconds() * 3, o.prefill_share * cost.DecodeSeconds(8) + 1e-12);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 2}, cost, eight), 12);
+  // Decode steps seen recently but none pending: the recent count is used.
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 0.1}), 3);
+  // Nobody decoding (for longer than 4 decode batches), share 0, or no
+  // batch measured yet: the whole batch.
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 0, .recent = 8, .since_last_s = 1}), 512);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 0}, cost, eight), 512);
+  EXPECT_EQ(PrefillBudget(o, BatchCosts(), eight), 512);
+  // One decode step (25 ms: 1.25 rows) leaves one row; a tiny share the
+  // floor of one row.
+  EXPECT_EQ(PrefillBudget(o, cost, {.pending = 1}), 1);
+  EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 1e-9}, cost, eight), 1);
+}
+
+// The prompt row's cost follows the recent batches: prompt rows getting
+// dearer (a prompt deeper into its context) shrink the budget.
+TEST(BatchCosts, PromptRowCostFollowsRecentBatches) {
+  BatchCosts cost = FittedCosts();
+  for (int i = 0; i < 40; ++i) cost.Add(8, 3, 0.060 + 0.060);
+  EXPECT_NEAR(cost.PromptRowSeconds(), 0.020, 1e-6);
+  EXPECT_EQ(PrefillBudget(BatchOptions{}, cost, {.pending = 8}), 1);
+  // A batch of prompt rows alone: all of its time is theirs.
+  BatchCosts alone;
+  alone.Add(0, 10, 0.5);
+  EXPECT_TRUE(alone.ready());
+  EXPECT_NEAR(alone.PromptRowSeconds(), 0.05, 1e-12);
+}
+
+TEST(BatchOptions, ShortPromptRange) {
+  EXPECT_NO_THROW(BatchOptions{.short_prompt = 0}.Validate());
+  EXPECT_THROW(BatchOptions{.short_prompt = -1}.Validate(), Error);
+  EXPECT_THROW(BatchOptions{.short_prompt = (1 << 16) + 1}.Validate(), Error);
+}
+
+}  // namespace
+}  // namespace meshnet::node
