@@ -241,12 +241,29 @@ HWY_INLINE void SoftmaxChunk(float* s, int np, int hd, float* m, float* lsum, fl
   *m = m_new;
 }
 
-// o[0, hd) += sum over j < np of p[j] * V row j.
+// o[0, hd) += sum over j < np of p[j] * V row j. Four vectors of o at a time,
+// so four FMA chains overlap instead of one waiting on each FMA's latency;
+// every lane still sums over j in order, so the result is the same bits.
 template <KvDtype kDt>
 HWY_INLINE void AccumulateV(const float* p, const uint8_t* const* vrows, int np, int hd, float* o) {
   const DA d;
   const int l = static_cast<int>(hn::Lanes(d));
   int i = 0;
+  for (; i + 4 * l <= hd; i += 4 * l) {
+    auto a0 = hn::LoadU(d, o + i), a1 = hn::LoadU(d, o + i + l);
+    auto a2 = hn::LoadU(d, o + i + 2 * l), a3 = hn::LoadU(d, o + i + 3 * l);
+    for (int j = 0; j < np; ++j) {
+      const auto pj = hn::Set(d, p[j]);
+      a0 = hn::MulAdd(pj, LoadKv<kDt>(d, vrows[j], i), a0);
+      a1 = hn::MulAdd(pj, LoadKv<kDt>(d, vrows[j], i + l), a1);
+      a2 = hn::MulAdd(pj, LoadKv<kDt>(d, vrows[j], i + 2 * l), a2);
+      a3 = hn::MulAdd(pj, LoadKv<kDt>(d, vrows[j], i + 3 * l), a3);
+    }
+    hn::StoreU(a0, d, o + i);
+    hn::StoreU(a1, d, o + i + l);
+    hn::StoreU(a2, d, o + i + 2 * l);
+    hn::StoreU(a3, d, o + i + 3 * l);
+  }
   for (; i + l <= hd; i += l) {
     auto acc = hn::LoadU(d, o + i);
     for (int j = 0; j < np; ++j)
@@ -257,6 +274,31 @@ HWY_INLINE void AccumulateV(const float* p, const uint8_t* const* vrows, int np,
     for (int j = 0; j < np; ++j) o[i] += p[j] * LoadAs(kDt, vrows[j] + i * KvDtypeSize(kDt));
   }
 }
+
+// Walks a head's K and V rows from position 0 in order: a block pointer and an
+// offset advanced per position, instead of PagedKvLayer::KRow/VRow's division
+// and modulo (two 64-bit divisions per position and head, which cost more than
+// the head's dot product itself on this machine's cores).
+class KvCursor {
+ public:
+  KvCursor(const PagedKvLayer& kv, size_t head_off) : kv_(kv), head_off_(head_off) {}
+  HWY_INLINE void Next(const uint8_t** krow, const uint8_t** vrow) {
+    const uint8_t* base =
+        kv_.blocks[block_] + static_cast<size_t>(off_) * kv_.row_bytes + head_off_;
+    *krow = base + kv_.k_offset;
+    *vrow = base + kv_.v_offset;
+    if (++off_ == kv_.block_tokens) {
+      off_ = 0;
+      ++block_;
+    }
+  }
+
+ private:
+  const PagedKvLayer& kv_;
+  size_t head_off_;
+  int64_t block_ = 0;
+  int32_t off_ = 0;
+};
 
 // Query heads [h0, h0 + nh) (nh <= kSubHeads) of token t, all in KV head g.
 template <KvDtype kDt>
@@ -276,15 +318,16 @@ void AttendHeads(const AttentionArgs& a, int64_t t, int g, int h0, int nh) {
     lsum[hh] = 0.0f;
   }
   const int64_t n_pos = a.start_pos + t + 1;
+  KvCursor cur(kv, head_off);
   for (int64_t p0 = 0; p0 < n_pos; p0 += kChunk) {
     const int np = static_cast<int>(std::min<int64_t>(kChunk, n_pos - p0));
+    const uint8_t* krows[kChunk];
+    const uint8_t* vrows[kChunk];
+    for (int j = 0; j < np; ++j) cur.Next(&krows[j], &vrows[j]);
     for (int j = 0; j < np; ++j) {
-      const uint8_t* krow = kv.KRow(p0 + j) + head_off;
-      for (int hh = 0; hh < nh; ++hh) s[hh][j] = Dot<kDt>(q[hh], krow, hd) * a.scale;
+      for (int hh = 0; hh < nh; ++hh) s[hh][j] = Dot<kDt>(q[hh], krows[j], hd) * a.scale;
     }
     for (int hh = 0; hh < nh; ++hh) SoftmaxChunk(s[hh], np, hd, &m[hh], &lsum[hh], o[hh]);
-    const uint8_t* vrows[kChunk];
-    for (int j = 0; j < np; ++j) vrows[j] = kv.VRow(p0 + j) + head_off;
     for (int hh = 0; hh < nh; ++hh) AccumulateV<kDt>(s[hh], vrows, np, hd, o[hh]);
   }
   for (int hh = 0; hh < nh; ++hh) {
