@@ -10,11 +10,13 @@
 # SESSIONS (default 1,16): concurrent sequences.
 #
 # For each type, alternating llama.cpp and meshnet (2 compute threads each):
+#   (F16 KV cache on both sides, and room for every session's cache)
 #   decode      llama-bench tg64             vs `meshnet generate` of 64 tokens
 #                                               (one session, inter-token p50)
 #   batched     llama-batched-bench          vs `meshnet generate --sessions N`
 #               (16-token prompts, 64 new)      (same prompt length, 64 new),
-#               aggregate generated tokens/s
+#               aggregate decode tokens/s: its S_TG (prefill excluded) against
+#               N / our inter-token p50 (prefill excluded likewise)
 # and prints meshnet / llama.cpp. Run it on a quiet machine: llama.cpp's
 # threads spin at barriers, so a busy core distorts its figures far more than
 # ours. Absolute figures vary with load; the ratios are what to read.
@@ -36,9 +38,10 @@ trap 'rm -rf "$WORK"' EXIT
 # 16 tokens with the shipped model's tokenizer (BOS included), as llama-batched-bench's -npp 16.
 PROMPT="Once upon a time there was a little girl named Lily. She"
 
-# Prints "tokens/s" parsed from `meshnet generate --sessions N` (aggregate) and the ITL p50 in ms.
+# Prints the aggregate tokens/s (prefill included) of `meshnet generate --sessions N` and its ITL p50 in ms.
 meshnet_run() {  # model sessions
-  "$MESHNET" generate -m "$1" --shards 1 --threads 2 -n 64 --sessions "$2" -p "$PROMPT" 2>&1 |
+  "$MESHNET" generate -m "$1" --shards 1 --threads 2 -n 64 --sessions "$2" -p "$PROMPT" \
+    --kv-dtype f16 --kv-budget 1GiB 2>&1 |
     python3 -c '
 import re, sys
 text = sys.stdin.read()
@@ -57,14 +60,15 @@ llama_batched() {  # model sessions -> aggregate generated tokens/s (S_TG)
   "$LLAMA/llama-batched-bench" -m "$1" -t 2 -c 4096 -b 2048 -ub 512 -npp 16 -ntg 64 -npl "$2" 2>&1 |
     python3 -c '
 import sys
+rows = []  # read all of it: closing the pipe early would kill the tool (pipefail)
 for line in sys.stdin:
     cells = [c.strip() for c in line.split("|")]
     # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
     if len(cells) >= 10 and cells[1].isdigit() and cells[3].isdigit():
-        print(cells[8])
-        break
-else:
-    sys.exit("compare-llama: no llama-batched-bench result")'
+        rows.append(cells[8])
+if not rows:
+    sys.exit("compare-llama: no llama-batched-bench result")
+print(rows[0])'
 }
 
 printf '%-6s %-18s %12s %12s %8s\n' type test llama.cpp meshnet ratio
@@ -81,7 +85,8 @@ for t in "${types[@]}"; do
     "$(python3 -c "print($m / $l)")"
   for n in "${sessions[@]}"; do
     l=$(llama_batched "$model" "$n")
-    read -r m _ <<<"$(meshnet_run "$model" "$n")"
+    read -r _ itl <<<"$(meshnet_run "$model" "$n")"
+    m=$(python3 -c "print($n * 1000.0 / $itl)")
     printf '%-6s %-18s %12.1f %12.1f %7.2fx\n' "$t" "$n seq aggregate" "$l" "$m" \
       "$(python3 -c "print($m / $l)")"
   done
