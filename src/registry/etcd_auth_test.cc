@@ -50,18 +50,7 @@ TEST_F(EtcdAuthTest, AForgottenTokenIsRenewed) {
   const NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
   const LeaseId lease = r.Announce(n, 30);
   server_.Restart();  // etcd's simple tokens live in memory: the held one is gone
-  const auto t0 = std::chrono::steady_clock::now();
-  bool renewed = false;
-  while (!renewed && Since(t0) < 20) {
-    try {
-      renewed = r.Renew(lease, n);
-      ASSERT_TRUE(renewed) << "the lease did not survive the restart";
-    } catch (const Error& e) {
-      ASSERT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();  // never kPermissionDenied
-      r.WaitForChange(1 << 30, 0.1);                             // bounded pause
-    }
-  }
-  ASSERT_TRUE(renewed);
+  ASSERT_NO_FATAL_FAILURE(RenewAcrossRestart(r, lease, n));  // never kPermissionDenied
   EXPECT_EQ(r.List("m").nodes.size(), 1u);
 }
 

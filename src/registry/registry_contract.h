@@ -42,6 +42,24 @@ inline double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Renews `lease` right after its etcd restarted. etcd may still be electing
+// itself, so kUnavailable is retried with bounded pauses for up to 20 s; any
+// other error, or a renewal refused (the lease lost), fails the test.
+inline void RenewAcrossRestart(Registry& r, LeaseId lease, const NodeRecord& n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool renewed = false;
+  while (!renewed && Since(t0) < 20) {
+    try {
+      renewed = r.Renew(lease, n);
+      ASSERT_TRUE(renewed) << "the lease did not survive the restart";
+    } catch (const Error& e) {
+      ASSERT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();  // e.g. never kPermissionDenied
+      r.WaitForChange(1 << 30, 0.1);  // bounded pause (fails fast while etcd is down)
+    }
+  }
+  ASSERT_TRUE(renewed);
+}
+
 template <typename B>
 class RegistryContract : public ::testing::Test {
  protected:

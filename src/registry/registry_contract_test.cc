@@ -93,19 +93,7 @@ TEST(EtcdRegistry, LeasesAndRecordsSurviveARestart) {
   NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
   const LeaseId lease = r.Announce(n, 10);
   server.Restart();
-  // Right after a restart etcd may still elect itself: retry while unavailable (bounded).
-  const auto t0 = std::chrono::steady_clock::now();
-  bool renewed = false;
-  while (!renewed && Since(t0) < 20) {
-    try {
-      renewed = r.Renew(lease, n);
-      ASSERT_TRUE(renewed) << "the lease did not survive the restart";
-    } catch (const Error& e) {
-      ASSERT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();
-      r.WaitForChange(1 << 30, 0.1);  // bounded pause (fails fast while etcd is down)
-    }
-  }
-  ASSERT_TRUE(renewed);
+  ASSERT_NO_FATAL_FAILURE(RenewAcrossRestart(r, lease, n));
   ASSERT_EQ(r.List("m").nodes.size(), 1u);
   server.Kill();
   EXPECT_THROW(r.List(), Error);
