@@ -1,11 +1,13 @@
 #include "rpc/migrate.h"
 
 #include <chrono>
+#include <string>
 #include <utility>
 
 #include "node/identity.h"
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
+#include "rpc/channel.h"
 #include "rpc/codec.h"
 #include "rpc/status.h"
 #include "util/error.h"
@@ -144,10 +146,16 @@ void ServeExport(node::NodeCore& core, const pb::ExportSessionRequest& request,
 int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
                     const ClientOptions& options) {
   auto channel = MakeChannel(target, options);
+  // Connect first, within the connect timeout: gRPC fails a call at once on a
+  // transient connect error (seen under load on loopback), and the export is
+  // consumed once streaming starts, so the stream must open on a ready channel.
+  // A dead target still costs only the connect timeout.
+  if (!channel->WaitForConnected(DeadlineAfter(options.connect_timeout_s)))
+    throw Error(ErrorKind::kUnavailable, target + ": ImportSession: no connection within " +
+                                             std::to_string(options.connect_timeout_s) + " s");
   auto stub = pb::MeshNode::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
+  ctx.set_deadline(DeadlineAfter(options.timeout_s));
   if (!options.auth_token.empty())
     ctx.AddMetadata("authorization", BearerValue(options.auth_token));
   pb::ImportSessionResponse resp;

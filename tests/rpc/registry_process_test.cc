@@ -364,8 +364,10 @@ void RegistryMeshTest::DrainAReplicaMidGeneration(bool by_signal) {
     EXPECT_TRUE(WaitDrained(drained, on_drained)) << drained.Log();
   } else {
     const DrainReport r = RequestDrain(drained.address(), {}, Client());
+    std::string notes;
+    for (const auto& n : r.notes) notes += n + "\n";
     EXPECT_EQ(r.sessions, on_drained);
-    EXPECT_EQ(r.moved, on_drained);
+    EXPECT_EQ(r.moved, on_drained) << notes << drained.Log();
     EXPECT_EQ(r.ended, 0);
     // The registry shows the drain, and planners leave the node out.
     const auto rec = Record(drained.address());
