@@ -1,13 +1,10 @@
 #include "node/migration.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
-#include "kv/block_pool.h"
 #include "node/identity.h"
 #include "util/crc32c.h"
 #include "util/error.h"
@@ -128,24 +125,20 @@ bool SessionExporter::Next(KvChunk* chunk) {
   if (next_ >= header_.n_chunks) return false;
   const int64_t p0 = next_ * header_.positions_per_chunk;
   const int64_t n = std::min(header_.positions_per_chunk, header_.seq_len - p0);
-  const size_t row = static_cast<size_t>(header_.row_bytes());
   chunk->index = next_;
   chunk->first_position = p0;
   chunk->n_positions = n;
   chunk->data.resize(static_cast<size_t>(n * header_.bytes_per_token));
   char* dst = chunk->data.data();
-  // Each row is checksummed right after its copy, while it is in L1 (one
-  // pass over the chunk instead of two; same CRC as over the whole chunk).
+  // Each run (one paged block's rows) is checksummed right after its copy,
+  // while it is in cache (one pass instead of two; the same CRC as over the
+  // whole chunk).
   uint32_t crc = 0;
-  auto copy = [&](const void* src) {
-    std::memcpy(dst, src, row);
-    crc = Crc32cExtend(crc, dst, row);
-    dst += row;
-  };
-  for (const ops::PagedKvLayer& v : layers_) {
-    for (int64_t p = p0; p < p0 + n; ++p) copy(v.KRow(p));
-    for (int64_t p = p0; p < p0 + n; ++p) copy(v.VRow(p));
-  }
+  ForEachRowRun(layers_, p0, n, [&](const uint8_t* src, size_t len) {
+    std::memcpy(dst, src, len);
+    crc = Crc32cExtend(crc, dst, len);
+    dst += len;
+  });
   chunk->crc32c = crc;
   digest_.AddChunk(chunk->crc32c);
   total_bytes_ += static_cast<int64_t>(chunk->data.size());
@@ -170,11 +163,29 @@ SessionImporter::SessionImporter(SessionExportHeader header, const ImportLimits&
       digest_(header_) {}
 
 SessionImporter::~SessionImporter() {
-  if (staging_ != nullptr) munmap(staging_, staging_mapped_);
+  if (!abandon_) return;
+  step_.Rollback();  // before the session it reserves in is released
+  abandon_();
 }
 
-void SessionImporter::Add(const KvChunk& c) {
+void SessionImporter::Reserve(kv::KvStep step, std::function<void()> abandon,
+                              std::function<void()> publish) {
+  step_ = std::move(step);
+  abandon_ = std::move(abandon);
+  publish_ = std::move(publish);
+  layers_.clear();
+  for (int l = header_.start_layer; l <= header_.end_layer; ++l) layers_.push_back(step_.Layer(l));
+}
+
+void SessionImporter::Publish() {
+  abandon_ = nullptr;
+  if (publish_) std::exchange(publish_, nullptr)();
+}
+
+void SessionImporter::AddRows(const ChunkMeta& c,
+                              const std::function<void(uint8_t*, size_t)>& fill) {
   if (finished_) ThrowInvalidArgument("import refused: a chunk after the trailer");
+  if (!step_.valid()) ThrowInvalidArgument("import refused: no rows reserved");
   const int64_t p0 = next_ * header_.positions_per_chunk;
   const int64_t n = std::min(header_.positions_per_chunk, header_.seq_len - p0);
   if (next_ >= header_.n_chunks || c.index != next_ || c.first_position != p0 ||
@@ -183,33 +194,41 @@ void SessionImporter::Add(const KvChunk& c) {
                          std::to_string(c.first_position) + "+" + std::to_string(c.n_positions) +
                          ") out of order; expected chunk " + std::to_string(next_));
   }
-  if (static_cast<int64_t>(c.data.size()) != n * header_.bytes_per_token) {
+  if (c.bytes != n * header_.bytes_per_token) {
     ThrowInvalidArgument("import refused: chunk " + std::to_string(c.index) + " holds " +
-                         std::to_string(c.data.size()) + " bytes, expected " +
+                         std::to_string(c.bytes) + " bytes, expected " +
                          std::to_string(n * header_.bytes_per_token));
   }
-  if (staging_ == nullptr) {  // bounded by the budget (CheckShape)
-    staging_ = kv::MapAnonymous(static_cast<size_t>(header_.seq_len * header_.bytes_per_token),
-                                &staging_mapped_);
-  }
-  // Copy and checksum in one pass over the chunk: each piece is checksummed
-  // right after its copy, while it is in cache, and the CRC covers the bytes
-  // as staged (what WriteInto loads).
-  constexpr size_t kPiece = size_t{64} << 10;
-  uint8_t* dst = staging_ + p0 * header_.bytes_per_token;
+  // Each run (one paged block's rows) is checksummed right after it is
+  // written, while it is in cache; the CRC covers the bytes as they will be
+  // read. A mismatch throws with the step still uncommitted.
   uint32_t crc = 0;
-  for (size_t off = 0; off < c.data.size(); off += kPiece) {
-    const size_t len = std::min(kPiece, c.data.size() - off);
-    std::memcpy(dst + off, c.data.data() + off, len);
-    crc = Crc32cExtend(crc, dst + off, len);
-  }
+  ForEachRowRun(layers_, p0, n, [&](uint8_t* dst, size_t len) {
+    fill(dst, len);
+    crc = Crc32cExtend(crc, dst, len);
+  });
   if (crc != c.crc32c) {
     ThrowInvalidArgument("import refused: CRC32C mismatch in chunk " + std::to_string(c.index) +
                          " (corrupted in transfer); nothing loaded");
   }
   digest_.AddChunk(c.crc32c);
-  staged_bytes_ += static_cast<int64_t>(c.data.size());
+  staged_bytes_ += c.bytes;
   ++next_;
+}
+
+void SessionImporter::Add(const KvChunk& c) {
+  const ChunkMeta meta{c.index, c.first_position, c.n_positions,
+                       static_cast<int64_t>(c.data.size()), c.crc32c};
+  size_t off = 0;
+  AddRows(meta, [&](uint8_t* dst, size_t len) {
+    std::memcpy(dst, c.data.data() + off, len);
+    off += len;
+  });
+}
+
+void SessionImporter::AddDirect(const ChunkMeta& meta,
+                                const std::function<void(uint8_t*, size_t)>& read) {
+  AddRows(meta, read);
 }
 
 void SessionImporter::Finish(const ExportTrailer& t) {
@@ -223,21 +242,6 @@ void SessionImporter::Finish(const ExportTrailer& t) {
         "chunks; nothing loaded");
   }
   finished_ = true;
-}
-
-void SessionImporter::WriteInto(const kv::KvStep& step) const {
-  if (!finished_) ThrowInvalidArgument("import not verified");
-  const size_t row = static_cast<size_t>(header_.row_bytes());
-  const uint8_t* src = staging_;  // chunk after chunk, each K then V per layer
-  for (int64_t i = 0; i < next_; ++i) {
-    const int64_t p0 = i * header_.positions_per_chunk;
-    const int64_t n = std::min(header_.positions_per_chunk, header_.seq_len - p0);
-    for (int l = header_.start_layer; l <= header_.end_layer; ++l) {
-      const ops::PagedKvLayer v = step.Layer(l);
-      for (int64_t p = p0; p < p0 + n; ++p, src += row) std::memcpy(v.KRow(p), src, row);
-      for (int64_t p = p0; p < p0 + n; ++p, src += row) std::memcpy(v.VRow(p), src, row);
-    }
-  }
 }
 
 }  // namespace meshnet::node

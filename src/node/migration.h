@@ -13,9 +13,12 @@
 // channel; the checksums catch corruption, the token/TLS keep out forgers).
 //
 // SessionExporter reads a pinned session (NodeCore::BeginExport). It never
-// writes. SessionImporter verifies the header against this node at creation,
-// each chunk as it arrives into a staging buffer, and the trailer at the end;
-// only then does NodeCore::CommitImport load the rows into the KV manager.
+// writes. SessionImporter verifies the header against this node at creation;
+// NodeCore::BeginImport then reserves the session's rows in the KV manager
+// (an uncommitted step: invisible, counted against the budget). Each chunk is
+// written into those rows as it arrives and checked, the trailer at the end;
+// only NodeCore::CommitImport publishes the rows. Anything short of that
+// rolls the step back: nothing unverified is ever loaded.
 //
 // Thread-safety: an exporter or importer is used by one thread.
 #pragma once
@@ -123,38 +126,87 @@ struct ImportLimits {
   int64_t budget_bytes = 0;  // the node's whole KV budget
 };
 
+// What a chunk says of itself; its bytes come with it (Add) or are read
+// straight into the session's rows (AddDirect).
+struct ChunkMeta {
+  int64_t index = 0;
+  int64_t first_position = 0;
+  int64_t n_positions = 0;
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// Calls fn(pointer, bytes) over the rows of positions [p0, p0 + n) of every
+// layer in `layers`, in wire order (per layer its K rows, then its V rows),
+// merging rows that lie back to back in memory (one paged block's) into one
+// run.
+template <typename Fn>
+void ForEachRowRun(const std::vector<ops::PagedKvLayer>& layers, int64_t p0, int64_t n, Fn&& fn) {
+  uint8_t* run = nullptr;
+  size_t len = 0;
+  auto add = [&](uint8_t* row, size_t bytes) {
+    if (run != nullptr && run + len == row) {
+      len += bytes;
+      return;
+    }
+    if (run != nullptr) fn(run, len);
+    run = row;
+    len = bytes;
+  };
+  for (const ops::PagedKvLayer& v : layers) {
+    for (int64_t p = p0; p < p0 + n; ++p) add(v.KRow(p), v.row_bytes);
+    for (int64_t p = p0; p < p0 + n; ++p) add(v.VRow(p), v.row_bytes);
+  }
+  if (run != nullptr) fn(run, len);
+}
+
 class SessionImporter {
  public:
   // Verifies `header` against `limits` (Error kIncompatibleRecipe for another
   // model, range, recipe, dtype or shape; kInvalidArgument for a malformed
   // header; kBudgetExceeded for a session larger than the budget).
   SessionImporter(SessionExportHeader header, const ImportLimits& limits);
+  // Rolls the step back and runs the abandon hook unless Publish() ran.
   ~SessionImporter();
   SessionImporter(const SessionImporter&) = delete;
   SessionImporter& operator=(const SessionImporter&) = delete;
 
   const SessionExportHeader& header() const { return header_; }
+  // NodeCore::BeginImport: the rows [0, seq_len) reserved for the session
+  // (nothing is visible until the step commits), what undoes the claim if the
+  // import does not complete, and what ends it once the step is committed.
+  void Reserve(kv::KvStep step, std::function<void()> abandon, std::function<void()> publish);
   // Verifies the chunk (index, positions, size, CRC32C of the bytes as
-  // staged) and stages its bytes (a copy: the caller keeps its buffer).
-  // Error(kInvalidArgument) naming the problem.
+  // written) and writes its bytes into the reserved rows (a copy: the caller
+  // keeps its buffer). Error(kInvalidArgument) naming the problem. A failed
+  // import leaves nothing: the step is rolled back with the importer.
   void Add(const KvChunk& chunk);
+  // The same for a chunk whose bytes `read(dst, n)` fills, run by run, in
+  // wire order (a socket read straight into the rows; `read` throws if the
+  // bytes do not come).
+  void AddDirect(const ChunkMeta& meta, const std::function<void(uint8_t*, size_t)>& read);
   // Verifies that every chunk came and the digest and byte count match.
   void Finish(const ExportTrailer& trailer);
   bool finished() const { return finished_; }
   int64_t chunks() const { return next_; }
   int64_t bytes() const { return staged_bytes_; }
-  // Copies the staged rows into a step reserving [0, seq_len) (after Finish).
-  void WriteInto(const kv::KvStep& step) const;
+  // NodeCore::CommitImport: the reserved step (after Finish); Publish runs
+  // the publish hook once the step is committed (the abandon hook will not
+  // run then).
+  kv::KvStep& step() { return step_; }
+  void Publish();
 
  private:
+  // Checks `meta` against the next expected chunk, fills the rows with
+  // fill(dst, n) run by run, checks the CRC over the rows as written.
+  void AddRows(const ChunkMeta& meta, const std::function<void(uint8_t*, size_t)>& fill);
+
   SessionExportHeader header_;
   SessionDigest digest_;
-  // The session's bytes in chunk order, mapped at the first chunk (one
-  // anonymous mapping of seq_len * bytes_per_token, transparent huge pages:
-  // ~37 first-touch faults for a 1,000-token 768-dim session instead of
-  // ~18,000 for that many 1 MiB heap buffers); unmapped on destruction.
-  uint8_t* staging_ = nullptr;
-  size_t staging_mapped_ = 0;
+  kv::KvStep step_;
+  std::vector<ops::PagedKvLayer> layers_;  // step_'s rows, one view per owned layer
+  std::function<void()> abandon_;
+  std::function<void()> publish_;
   int64_t staged_bytes_ = 0;
   int64_t next_ = 0;
   bool finished_ = false;

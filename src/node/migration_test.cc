@@ -115,6 +115,35 @@ TEST(Migration, RoundTripGivesBitIdenticalLogits) {
   EXPECT_THROW(b.core->Step(other), Error);
 }
 
+// The import's rows are reserved in the KV manager when it begins (counted
+// against the budget, as a prefill's), written as chunks arrive, published
+// only by CommitImport; an importer dropped half way leaves nothing.
+TEST(Migration, AnImportReservesItsRowsAtOnceAndAnAbandonedOneLeavesNothing) {
+  TestNode a;
+  auto [id, t] = Prepared(a);
+  const Export e = Read(*a.core, id);
+  TestNode b;
+  const int64_t reserved = e.header.seq_len * e.header.bytes_per_token;
+  {
+    std::unique_ptr<SessionImporter> imp = b.core->BeginImport(e.header);
+    EXPECT_GE(b.core->manager().TotalBytes(), reserved);
+    imp->Add(e.chunks[0]);  // written, never finished
+    // A second import of the same session is refused while this one holds it.
+    try {
+      b.core->BeginImport(e.header);
+      ADD_FAILURE() << "a second import of a claimed session began";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::kSessionBusy) << err.what();
+    }
+  }
+  ExpectNothingLoaded(b);
+  EXPECT_EQ(b.core->manager().TotalBytes(), 0);
+  // The same node then takes the whole import.
+  EXPECT_EQ(Import(*b.core, e), e.header.seq_len);
+  EXPECT_GE(b.core->manager().TotalBytes(), reserved);
+  EXPECT_EQ(b.core->counters().sessions_imported.load(), 1);
+}
+
 TEST(Migration, MovedSessionIsAnsweredWithItsNewAddress) {
   TestNode a;
   auto [id, t] = Prepared(a);

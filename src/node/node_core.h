@@ -133,10 +133,13 @@ class NodeCore {
   // Drops a session's state; later steps get a kReleased miss with `detail`.
   void EndSession(const std::string& session_id, const std::string& detail);
   // Verifies an import's header against this node (identity, range, recipe,
-  // dtype, shapes, budget; refused while draining).
+  // dtype, shapes, budget; refused while draining), then claims the session
+  // (binding, admission slot) and reserves its KV rows as an uncommitted step
+  // that the importer writes into; kSessionBusy while the session steps here.
+  // The importer undoes all of it if destroyed before CommitImport.
   std::unique_ptr<SessionImporter> BeginImport(SessionExportHeader header);
-  // Loads a finished (verified) import: binding, admission slot, KV rows.
-  // Anything failing leaves nothing behind. Returns the positions loaded.
+  // Publishes a finished (verified) import's rows. Anything failing leaves
+  // nothing behind once the importer goes. Returns the positions loaded.
   int64_t CommitImport(SessionImporter& importer);
   // From now on new sessions (prefills) get Error(kUnavailable, "draining").
   void StartDraining();
@@ -205,6 +208,18 @@ class NodeCore {
   // Waits (bounded) while an export or import holds the binding.
   void WaitNotMigratingLocked(Binding& b) REQUIRES(mu_);
   void EndClaim(const BindingPtr& b) EXCLUDES(mu_);
+  // An import's hold on its session (ClaimForImport), ended by the importer.
+  struct ImportClaim {
+    BindingPtr binding;
+    bool created = false;  // the binding is the import's own
+    std::string session_id;
+    int64_t route_epoch = 0;
+    bool admitted = false;
+    bool opened = false;  // the KV context at route_epoch exists
+  };
+  void ClaimForImport(SessionImporter& imp) EXCLUDES(mu_);
+  void UndoImportClaim(const ImportClaim& c) EXCLUDES(mu_);
+  void PublishImportClaim(const ImportClaim& c) EXCLUDES(mu_);
   SessionExportHeader SelfHeader() const;
   // Binds or finds the session and claims the step (filling `flight`), or
   // answers it at once: a miss for an unbound session, the cached result of a

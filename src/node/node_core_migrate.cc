@@ -160,82 +160,83 @@ std::unique_ptr<SessionImporter> NodeCore::BeginImport(SessionExportHeader heade
     limits.self = SelfHeader();
     limits.max_tokens = node_->shard().hparams().context_length;
     limits.budget_bytes = manager().config().budget_bytes;
-    return std::make_unique<SessionImporter>(std::move(header), limits);
+    auto imp = std::make_unique<SessionImporter>(std::move(header), limits);
+    ClaimForImport(*imp);
+    return imp;
   } catch (const Error&) {
     counters_.imports_rejected.fetch_add(1, std::memory_order_relaxed);
     throw;
   }
 }
 
-namespace {
-
-// Opens the session at the import's epoch and writes its verified rows; on
-// any failure the context is gone again (nothing loaded).
-void LoadRows(kv::HotKvStateManager& m, const SessionImporter& imp) {
+// The session's binding (created if new) is claimed, it is admitted, and its
+// rows [0, seq_len) are reserved at the import's epoch as one uncommitted step
+// (invisible to readers, counted against the budget; LRU eviction makes room
+// as for a prefill). The importer's abandon hook undoes all three unless
+// CommitImport publishes the step.
+void NodeCore::ClaimForImport(SessionImporter& imp) {
   const SessionExportHeader& h = imp.header();
-  m.Open(h.session_id, h.route_epoch);
+  ImportClaim c{nullptr, false, h.session_id, h.route_epoch, false, false};
+  {
+    MutexLock lock(&mu_);
+    c.binding = FindChecked(h.session_id, h.secret_sha256);
+    if (!c.binding) {
+      c.binding = CreateBinding(h.session_id, h.secret_sha256);
+      c.created = true;
+    }
+    Held(*c.binding);
+    if (!c.created && (c.binding->in_flight || c.binding->migrating)) {
+      throw Error(ErrorKind::kSessionBusy, "import refused: the session is busy here");
+    }
+    c.binding->migrating = true;
+  }
   try {
-    kv::StepResult r = m.BeginStep(h.session_id, h.route_epoch, h.seq_len);
+    admission_.Admit(h.session_id, [] { return shard::StepCancelled(); });
+    c.admitted = true;
+    manager().Open(h.session_id, h.route_epoch);
+    c.opened = true;
+    kv::StepResult r = manager().BeginStep(h.session_id, h.route_epoch, h.seq_len);
     if (auto* miss = std::get_if<kv::CacheMiss>(&r)) throw kv::CacheMissError(*miss);
-    kv::KvStep& step = std::get<kv::KvStep>(r);
-    imp.WriteInto(step);
-    if (std::optional<kv::CacheMiss> miss = step.Commit()) throw kv::CacheMissError(*miss);
+    imp.Reserve(
+        std::move(std::get<kv::KvStep>(r)), [this, c] { UndoImportClaim(c); },
+        [this, c] { PublishImportClaim(c); });
   } catch (...) {
-    m.Release(h.session_id, h.route_epoch);
+    UndoImportClaim(c);
     throw;
   }
 }
 
-}  // namespace
+void NodeCore::UndoImportClaim(const ImportClaim& c) {
+  if (c.opened) manager().Release(c.session_id, c.route_epoch);
+  if (c.admitted) admission_.Release(c.session_id);
+  MutexLock lock(&mu_);
+  Held(*c.binding);
+  c.binding->migrating = false;
+  if (c.created && c.binding->linked) Unlink(*c.binding);
+  step_done_.SignalAll();
+}
+
+void NodeCore::PublishImportClaim(const ImportClaim& c) {
+  MutexLock lock(&mu_);
+  Held(*c.binding);
+  c.binding->migrating = false;
+  c.binding->moved_to.clear();
+  c.binding->ended.clear();
+  c.binding->latest_epoch = std::max(c.binding->latest_epoch, c.route_epoch);
+  step_done_.SignalAll();
+}
 
 int64_t NodeCore::CommitImport(SessionImporter& imp) {
   const SessionExportHeader& h = imp.header();
-  BindingPtr b;
-  bool created = false;
   try {
     if (!imp.finished()) ThrowInvalidArgument("import not verified");
     if (draining()) throw Error(ErrorKind::kUnavailable, "import refused: this node is draining");
-    {
-      MutexLock lock(&mu_);
-      b = FindChecked(h.session_id, h.secret_sha256);
-      if (!b) {
-        b = CreateBinding(h.session_id, h.secret_sha256);
-        created = true;
-      }
-      Held(*b);
-      if (!created && (b->in_flight || b->migrating)) {
-        b.reset();  // not ours: the handler below must not clear its claim
-        throw Error(ErrorKind::kSessionBusy, "import refused: the session is busy here");
-      }
-      b->migrating = true;
-    }
-    admission_.Admit(h.session_id, [] { return shard::StepCancelled(); });
-    try {
-      LoadRows(manager(), imp);
-    } catch (...) {
-      admission_.Release(h.session_id);
-      throw;
-    }
+    if (std::optional<kv::CacheMiss> miss = imp.step().Commit()) throw kv::CacheMissError(*miss);
   } catch (const Error&) {
     counters_.imports_rejected.fetch_add(1, std::memory_order_relaxed);
-    if (b) {
-      MutexLock lock(&mu_);
-      Held(*b);
-      b->migrating = false;
-      if (created && b->linked) Unlink(*b);
-      step_done_.SignalAll();
-    }
-    throw;
+    throw;  // the importer's abandon hook undoes the claim
   }
-  {
-    MutexLock lock(&mu_);
-    Held(*b);
-    b->migrating = false;
-    b->moved_to.clear();
-    b->ended.clear();
-    b->latest_epoch = std::max(b->latest_epoch, h.route_epoch);
-    step_done_.SignalAll();
-  }
+  imp.Publish();
   admission_.Touch(h.session_id);
   NotePeak();
   counters_.sessions_imported.fetch_add(1, std::memory_order_relaxed);
