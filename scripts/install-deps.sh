@@ -8,7 +8,7 @@ PKGS=(
   clang clang-format libclang-rt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-  libssl-dev openssl
+  libssl-dev openssl libisal-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev
   libhwy-dev libpcre2-dev

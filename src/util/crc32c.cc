@@ -1,11 +1,10 @@
 #include "util/crc32c.h"
 
+#include <isa-l/crc.h>
+
+#include <algorithm>
 #include <array>
 #include <cstring>
-
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
 
 namespace meshnet {
 
@@ -28,33 +27,6 @@ struct Tables {
   }
 };
 constexpr Tables kTables;
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const uint8_t* p,
-                                                          size_t n) {
-  uint64_t c = ~crc;
-  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
-    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
-    --n;
-  }
-  while (n >= 8) {
-    uint64_t word;
-    std::memcpy(&word, p, 8);
-    c = _mm_crc32_u64(c, word);
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
-    --n;
-  }
-  return ~static_cast<uint32_t>(c);
-}
-
-bool DetectHardware() { return __builtin_cpu_supports("sse4.2"); }
-#else
-bool DetectHardware() { return false; }
-#endif
 
 }  // namespace
 
@@ -80,18 +52,18 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   return ~c;
 }
 
-bool Crc32cHardwareAvailable() {
-  static const bool available = DetectHardware();
-  return available;
-}
-
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
-#if defined(__x86_64__)
-  if (Crc32cHardwareAvailable()) {
-    return ExtendHardware(crc, static_cast<const uint8_t*>(data), n);
+  // ISA-L's iSCSI CRC takes and returns the register (not inverted); its
+  // length is an int.
+  auto* p = static_cast<unsigned char*>(const_cast<void*>(data));
+  uint32_t c = ~crc;
+  while (n > 0) {
+    const size_t len = std::min<size_t>(n, size_t{1} << 30);
+    c = crc32_iscsi(p, static_cast<int>(len), c);
+    p += len;
+    n -= len;
   }
-#endif
-  return Crc32cExtendPortable(crc, data, n);
+  return ~c;
 }
 
 }  // namespace meshnet
