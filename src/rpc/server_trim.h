@@ -7,7 +7,9 @@
 // node asks glibc to return free pages (malloc_trim) once the last large call
 // in flight has ended. The point where a sync call's request and response
 // are already freed is grpc::Server::GlobalCallbacks::PostSynchronousRequest,
-// which runs on the handler's thread.
+// which runs on the handler's thread. A second trim follows 250 ms later (if
+// no large call runs then): the transport frees some buffers on its own
+// threads after the handler returned.
 //
 // Thread-safety: NoteLargeMessage/the callbacks from any handler thread.
 #pragma once
@@ -33,7 +35,7 @@ void NoteMessageBytes(size_t bytes);
 struct HeapTrimStats {
   int64_t large_calls =
       0;              // calls that received a large message, counted after their end (and trim)
-  int64_t trims = 0;  // malloc_trim calls
+  int64_t trims = 0;  // malloc_trim calls (the settled ones included)
 };
 // Since the process started (meshnet_large_calls_total, meshnet_heap_trims_total).
 HeapTrimStats GetHeapTrimStats();
