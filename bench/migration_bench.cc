@@ -5,11 +5,14 @@
 //   BM_LoopbackTcp        the baseline: raw TCP over 127.0.0.1 (one socket, 1 MiB
 //                         writes, connection setup included) moving as many
 //                         bytes as one session's f32 KV.
-//   BM_MigrateSession/D   export (read + CRC32C) on the source node, stream over
-//                         gRPC to a NodeServer on 127.0.0.1, which verifies
-//                         every chunk and the digest, then loads it. A
-//                         1,000-token session of all 12 layers, KV dtype D
-//                         (0 = f32: 73.7 MB, 1 = f16). Counter vs_tcp: this
+//   BM_MigrateSession/dtype:D/grpc:G  rpc::PushSession of a 1,000-token
+//                         session of all 12 layers, KV dtype D (0 = f32:
+//                         73.7 MB, 1 = f16), to a NodeServer on 127.0.0.1,
+//                         which verifies every chunk and the digest: G = 0
+//                         over its KV transfer port (OfferImport, then the rows
+//                         sent from the paged blocks and received into the
+//                         reserved ones; rpc/kv_transfer.h), G = 1 streamed
+//                         over gRPC (ImportSession). Counter vs_tcp: this
 //                         rate over that of a raw TCP transfer of the same
 //                         bytes run just before each migration (goal >= 0.5).
 //   BM_ExportOnly         reading + CRC32C of the same export, no network.
@@ -167,6 +170,7 @@ void BM_MigrateSession(benchmark::State& state) {
   Pair pair(11, dtype, 256 << 20);
   const std::string id = pair.AddSession(kSessionTokens);
   rpc::ClientOptions co;
+  co.kv_transfer = state.range(1) == 0;
   int64_t bytes = 0;
   double tcp_s = 0, mig_s = 0, tcp_cpu = 0, mig_cpu = 0, faults = 0;
   for (auto _ : state) {
@@ -202,8 +206,11 @@ void BM_MigrateSession(benchmark::State& state) {
   state.counters["tcp_cpu_ms"] = tcp_cpu / n * 1e3;
 }
 BENCHMARK(BM_MigrateSession)
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"dtype", "grpc"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0)
     ->UseRealTime();

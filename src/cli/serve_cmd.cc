@@ -64,6 +64,7 @@ struct ServeFlags {
   std::string drain_to;  // host:port,... of replicas to hand sessions to on a stop signal
   ServeRegistryFlags registry;
   int64_t max_new_sessions_per_minute = 3000;
+  int kv_transfer_port = 0;
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -112,6 +113,7 @@ rpc::NodeServerOptions ServerOptionsFrom(const ServeFlags& f) {
   o.max_message_bytes = f.max_message_bytes;
   o.max_calls_per_peer = f.max_calls_per_peer;
   o.max_new_sessions_per_minute = f.max_new_sessions_per_minute;
+  o.kv_transfer_port = f.kv_transfer_port;
   o.admission.max_wait_s = f.admission_wait_s;
   o.admission.max_waiting = f.admission_queue;
   o.admission.active_window_s = f.active_window_s;
@@ -253,6 +255,13 @@ void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
                   "Sessions one client (address, or client certificate) may open per "
                   "minute, 1..1000000; more get RESOURCE_EXHAUSTED with a retry hint")
       ->capture_default_str();  // range: NodeServerOptions::Validate (exit 2)
+  sub->add_option("--kv-transfer-port", f->kv_transfer_port,
+                  "TCP port on the --listen host where sessions moved to this node (drains) "
+                  "send their KV, off the gRPC path (checked as over gRPC, after an "
+                  "authenticated gRPC offer; one-time tickets): 0 any free port, -1 none "
+                  "(imports stream over gRPC). Not opened with --tls-cert (it is plaintext)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 65535));
 }
 
 void SetupServe(CLI::App* sub, int* exit_code) {

@@ -360,12 +360,12 @@ int64_t HotKvStateManager::Append(std::string_view session_id, int64_t route_epo
 
 StepResult HotKvStateManager::BeginStep(std::string_view session_id, int64_t route_epoch,
                                         int64_t n_new, const KvCacheRecipe* recipe,
-                                        std::optional<int64_t> expected_seq_len) {
+                                        std::optional<int64_t> expected_seq_len, bool clear_rows) {
   CheckEpoch(route_epoch);
   ManagerState& m = *impl_;
   CheckRecipe(m.fingerprint, recipe);
   StepResult begun = ReserveStep(session_id, route_epoch, expected_seq_len, nullptr, n_new);
-  if (std::holds_alternative<CacheMiss>(begun)) return begun;
+  if (std::holds_alternative<CacheMiss>(begun) || !clear_rows) return begun;
   KvStep& step = std::get<KvStep>(begun);
   // Reserved rows may hold another session's old data: clear them (outside
   // the lock) so a computation that skips a row never publishes foreign KV.

@@ -259,10 +259,14 @@ class HotKvStateManager {
   // Resolve + reserve in one: checks like Append (epoch, recipe, stale, TTL,
   // live, expected_seq_len, budget with LRU eviction of others), refreshes the
   // session (last_tick, MRU) and reserves room for `n_new` positions. Errors as
-  // Append; a dead key is a CacheMiss value, not an exception.
+  // Append; a dead key is a CacheMiss value, not an exception. The reserved
+  // rows are zeroed (they may hold another session's old data) unless
+  // `clear_rows` is false: only for a caller that writes every reserved row
+  // before it commits (a verified import), or rolls back.
   StepResult BeginStep(std::string_view session_id, int64_t route_epoch, int64_t n_new,
                        const KvCacheRecipe* recipe = nullptr,
-                       std::optional<int64_t> expected_seq_len = std::nullopt);
+                       std::optional<int64_t> expected_seq_len = std::nullopt,
+                       bool clear_rows = true);
 
   // --- Introspection ----------------------------------------------------------
 

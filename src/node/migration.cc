@@ -150,6 +150,32 @@ bool SessionExporter::Next(KvChunk* chunk) {
   return true;
 }
 
+bool SessionExporter::NextRuns(ChunkMeta* meta,
+                               std::vector<std::pair<const uint8_t*, size_t>>* runs) {
+  if (next_ >= header_.n_chunks) return false;
+  const int64_t p0 = next_ * header_.positions_per_chunk;
+  const int64_t n = std::min(header_.positions_per_chunk, header_.seq_len - p0);
+  runs->clear();
+  uint32_t crc = 0;
+  ForEachRowRun(layers_, p0, n, [&](const uint8_t* src, size_t len) {
+    crc = Crc32cExtend(crc, src, len);
+    runs->emplace_back(src, len);
+  });
+  *meta = ChunkMeta{next_, p0, n, n * header_.bytes_per_token, crc};
+  digest_.AddChunk(crc);
+  total_bytes_ += meta->bytes;
+  if (corrupt_ && next_ == header_.n_chunks / 2) {
+    // The rows are never written: flip a byte of a copy of the middle run.
+    auto& run = (*runs)[runs->size() / 2];
+    corrupted_run_.assign(reinterpret_cast<const char*>(run.first), run.second);
+    corrupted_run_[corrupted_run_.size() / 2] ^= 0x01;
+    run.first = reinterpret_cast<const uint8_t*>(corrupted_run_.data());
+    corrupt_ = false;  // one corrupted transfer
+  }
+  ++next_;
+  return true;
+}
+
 void SessionExporter::Rewind() {
   next_ = 0;
   total_bytes_ = 0;
@@ -182,8 +208,7 @@ void SessionImporter::Publish() {
   if (publish_) std::exchange(publish_, nullptr)();
 }
 
-void SessionImporter::AddRows(const ChunkMeta& c,
-                              const std::function<void(uint8_t*, size_t)>& fill) {
+std::pair<int64_t, int64_t> SessionImporter::CheckNext(const ChunkMeta& c) const {
   if (finished_) ThrowInvalidArgument("import refused: a chunk after the trailer");
   if (!step_.valid()) ThrowInvalidArgument("import refused: no rows reserved");
   const int64_t p0 = next_ * header_.positions_per_chunk;
@@ -199,14 +224,11 @@ void SessionImporter::AddRows(const ChunkMeta& c,
                          std::to_string(c.bytes) + " bytes, expected " +
                          std::to_string(n * header_.bytes_per_token));
   }
-  // Each run (one paged block's rows) is checksummed right after it is
-  // written, while it is in cache; the CRC covers the bytes as they will be
-  // read. A mismatch throws with the step still uncommitted.
-  uint32_t crc = 0;
-  ForEachRowRun(layers_, p0, n, [&](uint8_t* dst, size_t len) {
-    fill(dst, len);
-    crc = Crc32cExtend(crc, dst, len);
-  });
+  return {p0, n};
+}
+
+void SessionImporter::Accept(const ChunkMeta& c, uint32_t crc) {
+  // A mismatch throws with the step still uncommitted: it is rolled back.
   if (crc != c.crc32c) {
     ThrowInvalidArgument("import refused: CRC32C mismatch in chunk " + std::to_string(c.index) +
                          " (corrupted in transfer); nothing loaded");
@@ -219,16 +241,28 @@ void SessionImporter::AddRows(const ChunkMeta& c,
 void SessionImporter::Add(const KvChunk& c) {
   const ChunkMeta meta{c.index, c.first_position, c.n_positions,
                        static_cast<int64_t>(c.data.size()), c.crc32c};
+  const auto [p0, n] = CheckNext(meta);
+  // Each run (one paged block's rows) is checksummed right after its copy,
+  // while it is in cache; the CRC covers the bytes as they will be read.
+  uint32_t crc = 0;
   size_t off = 0;
-  AddRows(meta, [&](uint8_t* dst, size_t len) {
+  ForEachRowRun(layers_, p0, n, [&](uint8_t* dst, size_t len) {
     std::memcpy(dst, c.data.data() + off, len);
+    crc = Crc32cExtend(crc, dst, len);
     off += len;
   });
+  Accept(meta, crc);
 }
 
 void SessionImporter::AddDirect(const ChunkMeta& meta,
-                                const std::function<void(uint8_t*, size_t)>& read) {
-  AddRows(meta, read);
+                                const std::function<void(const std::vector<Run>&)>& read) {
+  const auto [p0, n] = CheckNext(meta);
+  runs_.clear();
+  ForEachRowRun(layers_, p0, n, [&](uint8_t* dst, size_t len) { runs_.emplace_back(dst, len); });
+  read(runs_);
+  uint32_t crc = 0;
+  for (const auto& [p, len] : runs_) crc = Crc32cExtend(crc, p, len);
+  Accept(meta, crc);
 }
 
 void SessionImporter::Finish(const ExportTrailer& t) {

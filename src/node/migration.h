@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv/hot_kv_state.h"
@@ -89,43 +90,6 @@ inline constexpr int64_t kChunkTargetBytes = int64_t{1} << 20;
 // checksum was taken, as a corrupting network would.
 int64_t CorruptExportIndexFromEnv();
 
-class SessionExporter {
- public:
-  // `handle` pins the session; `header` describes it (seq_len and chunking
-  // filled in here from the handle). `on_done` runs at destruction (the
-  // NodeCore releases its claim on the session).
-  SessionExporter(kv::SessionHandle handle, SessionExportHeader header, bool corrupt,
-                  std::function<void()> on_done);
-  ~SessionExporter();
-  SessionExporter(const SessionExporter&) = delete;
-  SessionExporter& operator=(const SessionExporter&) = delete;
-
-  const SessionExportHeader& header() const { return header_; }
-  // Fills the next chunk (reusing `chunk`'s buffer); false after the last.
-  bool Next(KvChunk* chunk);
-  // Starts over from the first chunk (another target after a refusal).
-  void Rewind();
-  // Valid after Next returned false.
-  ExportTrailer trailer() const { return {digest_.value(), total_bytes_}; }
-
- private:
-  kv::SessionHandle handle_;
-  SessionExportHeader header_;
-  bool corrupt_;
-  std::function<void()> on_done_;
-  std::vector<ops::PagedKvLayer> layers_;
-  SessionDigest digest_;
-  int64_t next_ = 0;
-  int64_t total_bytes_ = 0;
-};
-
-// What this node accepts: its own identity, range and recipe.
-struct ImportLimits {
-  SessionExportHeader self;  // session fields unused
-  int64_t max_tokens = 0;    // the model's context length
-  int64_t budget_bytes = 0;  // the node's whole KV budget
-};
-
 // What a chunk says of itself; its bytes come with it (Add) or are read
 // straight into the session's rows (AddDirect).
 struct ChunkMeta {
@@ -160,6 +124,48 @@ void ForEachRowRun(const std::vector<ops::PagedKvLayer>& layers, int64_t p0, int
   if (run != nullptr) fn(run, len);
 }
 
+class SessionExporter {
+ public:
+  // `handle` pins the session; `header` describes it (seq_len and chunking
+  // filled in here from the handle). `on_done` runs at destruction (the
+  // NodeCore releases its claim on the session).
+  SessionExporter(kv::SessionHandle handle, SessionExportHeader header, bool corrupt,
+                  std::function<void()> on_done);
+  ~SessionExporter();
+  SessionExporter(const SessionExporter&) = delete;
+  SessionExporter& operator=(const SessionExporter&) = delete;
+
+  const SessionExportHeader& header() const { return header_; }
+  // Fills the next chunk (reusing `chunk`'s buffer); false after the last.
+  bool Next(KvChunk* chunk);
+  // The next chunk without a copy: its bytes as runs of the session's rows
+  // (wire order), valid while the exporter lives; false after the last. Use
+  // either this or Next for one pass.
+  bool NextRuns(ChunkMeta* meta, std::vector<std::pair<const uint8_t*, size_t>>* runs);
+  // Starts over from the first chunk (another target after a refusal).
+  void Rewind();
+  // Valid after Next returned false.
+  ExportTrailer trailer() const { return {digest_.value(), total_bytes_}; }
+
+ private:
+  kv::SessionHandle handle_;
+  SessionExportHeader header_;
+  bool corrupt_;
+  std::function<void()> on_done_;
+  std::vector<ops::PagedKvLayer> layers_;
+  SessionDigest digest_;
+  int64_t next_ = 0;
+  int64_t total_bytes_ = 0;
+  std::string corrupted_run_;  // NextRuns' copy of the run the test hook flips
+};
+
+// What this node accepts: its own identity, range and recipe.
+struct ImportLimits {
+  SessionExportHeader self;  // session fields unused
+  int64_t max_tokens = 0;    // the model's context length
+  int64_t budget_bytes = 0;  // the node's whole KV budget
+};
+
 class SessionImporter {
  public:
   // Verifies `header` against `limits` (Error kIncompatibleRecipe for another
@@ -181,10 +187,12 @@ class SessionImporter {
   // keeps its buffer). Error(kInvalidArgument) naming the problem. A failed
   // import leaves nothing: the step is rolled back with the importer.
   void Add(const KvChunk& chunk);
-  // The same for a chunk whose bytes `read(dst, n)` fills, run by run, in
-  // wire order (a socket read straight into the rows; `read` throws if the
-  // bytes do not come).
-  void AddDirect(const ChunkMeta& meta, const std::function<void(uint8_t*, size_t)>& read);
+  // A row run: where in the reserved rows, how many bytes.
+  using Run = std::pair<uint8_t*, size_t>;
+  // The same for a chunk whose bytes `read` fills into the rows' runs, in
+  // wire order (one scattered socket read straight into the rows; `read`
+  // throws if the bytes do not come).
+  void AddDirect(const ChunkMeta& meta, const std::function<void(const std::vector<Run>&)>& read);
   // Verifies that every chunk came and the digest and byte count match.
   void Finish(const ExportTrailer& trailer);
   bool finished() const { return finished_; }
@@ -197,9 +205,11 @@ class SessionImporter {
   void Publish();
 
  private:
-  // Checks `meta` against the next expected chunk, fills the rows with
-  // fill(dst, n) run by run, checks the CRC over the rows as written.
-  void AddRows(const ChunkMeta& meta, const std::function<void(uint8_t*, size_t)>& fill);
+  // Checks `meta` against the next expected chunk; its first position and
+  // position count.
+  std::pair<int64_t, int64_t> CheckNext(const ChunkMeta& meta) const;
+  // Checks the CRC of the rows as written and takes the chunk.
+  void Accept(const ChunkMeta& meta, uint32_t crc);
 
   SessionExportHeader header_;
   SessionDigest digest_;
@@ -207,6 +217,7 @@ class SessionImporter {
   std::vector<ops::PagedKvLayer> layers_;  // step_'s rows, one view per owned layer
   std::function<void()> abandon_;
   std::function<void()> publish_;
+  std::vector<Run> runs_;  // AddDirect's runs of the current chunk
   int64_t staged_bytes_ = 0;
   int64_t next_ = 0;
   bool finished_ = false;

@@ -92,9 +92,10 @@ struct NodeCounters {
   std::atomic<int64_t> imports_rejected{0};        // imports refused, nothing loaded
   std::atomic<int64_t> import_chunks_verified{0};  // chunks whose CRC32C matched
   std::atomic<int64_t> import_bytes{0};            // KV bytes loaded by imports
-  std::atomic<int64_t> sessions_moved{0};          // handed over to another node
-  std::atomic<int64_t> sessions_ended{0};          // ended by a drain (explicit miss)
-  std::atomic<int64_t> moved_answers{0};           // steps answered "moved to"
+  std::atomic<int64_t> kv_transfers{0};    // imports whose bytes came over the KV transfer port
+  std::atomic<int64_t> sessions_moved{0};  // handed over to another node
+  std::atomic<int64_t> sessions_ended{0};  // ended by a drain (explicit miss)
+  std::atomic<int64_t> moved_answers{0};   // steps answered "moved to"
 
   void ObserveLatency(double seconds);
   void CountError(ErrorKind kind);

@@ -195,7 +195,10 @@ void NodeCore::ClaimForImport(SessionImporter& imp) {
     c.admitted = true;
     manager().Open(h.session_id, h.route_epoch);
     c.opened = true;
-    kv::StepResult r = manager().BeginStep(h.session_id, h.route_epoch, h.seq_len);
+    // Not cleared: the import writes every row (each chunk's size and the
+    // total are checked) before it commits, or rolls back.
+    kv::StepResult r = manager().BeginStep(h.session_id, h.route_epoch, h.seq_len, nullptr,
+                                           std::nullopt, /*clear_rows=*/false);
     if (auto* miss = std::get_if<kv::CacheMiss>(&r)) throw kv::CacheMissError(*miss);
     imp.Reserve(
         std::move(std::get<kv::KvStep>(r)), [this, c] { UndoImportClaim(c); },

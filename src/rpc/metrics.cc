@@ -139,6 +139,9 @@ void AddMigrationCounters(std::vector<MetricFamily>& out, const node::NodeCounte
   AddCounter(out, "meshnet_import_chunks_verified_total",
              "KV chunks of loaded imports whose CRC32C matched", c.import_chunks_verified);
   AddCounter(out, "meshnet_import_bytes_total", "KV bytes loaded by imports", c.import_bytes);
+  AddCounter(out, "meshnet_kv_transfers_total",
+             "Imports whose KV came over the KV transfer port (not the gRPC stream)",
+             c.kv_transfers);
   AddCounter(out, "meshnet_sessions_moved_total", "Sessions handed over to another node",
              c.sessions_moved);
   AddCounter(out, "meshnet_sessions_ended_total", "Sessions a drain ended with a miss",

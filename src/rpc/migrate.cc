@@ -1,6 +1,7 @@
 #include "rpc/migrate.h"
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "rpc/auth.h"
 #include "rpc/channel.h"
 #include "rpc/codec.h"
+#include "rpc/kv_transfer.h"
 #include "rpc/status.h"
 #include "util/error.h"
 
@@ -143,6 +145,33 @@ void ServeExport(node::NodeCore& core, const pb::ExportSessionRequest& request,
   }
 }
 
+namespace {
+
+// OfferImport, then the KV over the target's transfer port; nothing when the
+// target has no such port (UNIMPLEMENTED: TLS, --kv-transfer-port -1, or an
+// older node), so that the caller streams over gRPC instead.
+std::optional<int64_t> PushOverKvTransfer(node::SessionExporter& exporter,
+                                          const std::string& target, pb::MeshNode::Stub& stub,
+                                          const ClientOptions& options) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos || colon == 0 || target.find('/') != std::string::npos) {
+    return std::nullopt;  // not host:port (a resolver URI): no host to connect to
+  }
+  pb::OfferImportRequest req;
+  EncodeExportHeader(exporter.header(), req.mutable_header());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(options.timeout_s));  // the target may wait for admission
+  if (!options.auth_token.empty())
+    ctx.AddMetadata("authorization", BearerValue(options.auth_token));
+  pb::OfferImportResponse resp;
+  const grpc::Status s = stub.OfferImport(&ctx, req, &resp);
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return std::nullopt;
+  if (!s.ok()) ThrowForStatus(s, ctx, target, "OfferImport");
+  return SendKvTransfer(exporter, target.substr(0, colon), resp.port(), resp.ticket(), options);
+}
+
+}  // namespace
+
 int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
                     const ClientOptions& options) {
   auto channel = MakeChannel(target, options);
@@ -154,6 +183,11 @@ int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
     throw Error(ErrorKind::kUnavailable, target + ": ImportSession: no connection within " +
                                              std::to_string(options.connect_timeout_s) + " s");
   auto stub = pb::MeshNode::NewStub(channel);
+  if (options.kv_transfer && options.tls_ca.empty()) {
+    if (std::optional<int64_t> sent = PushOverKvTransfer(exporter, target, *stub, options)) {
+      return *sent;
+    }
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(options.timeout_s));
   if (!options.auth_token.empty())

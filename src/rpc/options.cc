@@ -86,6 +86,9 @@ void NodeServerOptions::Validate() const {
   if (admission.max_active < 0) ThrowInvalidArgument("admission max active must be >= 0");
   if (max_bindings < 1) ThrowInvalidArgument("max bindings must be >= 1");
   if (replay_cache_bytes < 0) ThrowInvalidArgument("replay cache bytes must be >= 0");
+  if (kv_transfer_port < -1 || kv_transfer_port > 65535) {
+    ThrowInvalidArgument("--kv-transfer-port must be -1 (none), 0 (any free port) or a port");
+  }
 }
 
 }  // namespace meshnet::rpc

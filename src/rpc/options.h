@@ -34,6 +34,10 @@ struct ClientOptions {
   // When set: Plan refuses nodes whose model identity (node::ModelIdentity)
   // differs, e.g. the model the client's tokenizer was read from.
   std::string expected_model_id;
+  // Session pushes (drain, rpc/migrate.h) send the KV over the target's KV
+  // transfer port when it has one (plaintext only); false: always the gRPC
+  // stream.
+  bool kv_transfer = true;
 
   // Throws Error(kInvalidArgument) naming the bad field (timeouts > 0,
   // retries >= 0, cert and key given together, key or cert without CA...).
@@ -69,6 +73,10 @@ struct NodeServerOptions {
   // How this node reaches replicas when it drains (rpc/drain.h); an empty
   // auth_token there means this node's own cluster token.
   ClientOptions peers;
+  // The port imports' KV bytes come in on (rpc/kv_transfer.h), on the
+  // --listen host: 0 any free one, -1 none (imports stream over gRPC). A
+  // node serving TLS opens none.
+  int kv_transfer_port = 0;
 
   void Validate() const;
 };

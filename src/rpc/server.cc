@@ -23,7 +23,9 @@
 #include "rpc/auth.h"
 #include "rpc/codec.h"
 #include "rpc/grpc_listen.h"
+#include "rpc/kv_transfer.h"
 #include "rpc/metrics.h"
+#include "rpc/migrate.h"
 #include "rpc/node_service.h"
 #include "rpc/server_auth.h"
 #include "rpc/server_limits.h"
@@ -180,6 +182,30 @@ class MeshNodeService final : public pb::MeshNode::Service {
     });
   }
 
+  grpc::Status OfferImport(grpc::ServerContext* ctx, const pb::OfferImportRequest* req,
+                           pb::OfferImportResponse* out) override {
+    if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+    if (kv_transfer_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "this node has no KV transfer port (TLS, or --kv-transfer-port -1): "
+                          "use ImportSession");
+    }
+    return Run(
+        ctx,
+        [&] {
+          PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+          shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+          const KvOffer offer = kv_transfer_->Offer(DecodeExportHeader(req->header()));
+          out->set_ticket(offer.ticket);
+          out->set_port(offer.port);
+          out->set_ticket_ttl_ms(static_cast<int64_t>(offer.ttl_s * 1000));
+        },
+        /*check_token=*/false);
+  }
+
+  // Set before the server starts (never changed while it serves).
+  void set_kv_transfer(KvTransferListener* listener) { kv_transfer_ = listener; }
+
   grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req,
                      pb::DrainResponse* out) override {
     return Run(ctx, [&] { core_->Drain(*req, out); });
@@ -227,6 +253,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   }
 
   NodeService* core_;
+  KvTransferListener* kv_transfer_ = nullptr;
   std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
   PeerLimits peers_;
   SessionRateLimiter session_rate_;
@@ -252,6 +279,7 @@ struct NodeServer::Impl {
   std::shared_ptr<NodeMetrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<KvTransferListener> kv_transfer;
   std::string bound;
   std::string metrics_bound;
   Mutex shutdown_mu;
@@ -266,7 +294,26 @@ struct NodeServer::Impl {
             options.max_message_bytes > 0 ? options.max_message_bytes : ShardMessageBytes(*node),
             kMaxMessageBytes))) {}
   int max_message_bytes;
+
+  // The KV transfer port (rpc/kv_transfer.h) on the --listen host; none with
+  // TLS or --kv-transfer-port -1. Port 0 that cannot be opened only logs
+  // (imports then stream over gRPC); a port given by number must open.
+  void StartKvTransfer();
 };
+
+void NodeServer::Impl::StartKvTransfer() {
+  if (!options.tls_cert.empty() || options.kv_transfer_port < 0) return;
+  KvTransferOptions ko;
+  ko.host = HostOf(options.listen);
+  ko.port = options.kv_transfer_port;
+  try {
+    kv_transfer = std::make_unique<KvTransferListener>(&node_service.core(), ko);
+    service.set_kv_transfer(kv_transfer.get());
+  } catch (const Error& e) {
+    if (ko.port != 0) throw;  // a port asked for by number must open
+    spdlog::warn("event=kv_transfer_off message=\"{}\" (imports stream over gRPC)", e.what());
+  }
+}
 
 NodeServer::NodeServer(node::Node* node, NodeServerOptions options) {
   options.Validate();
@@ -305,6 +352,7 @@ void NodeServer::Start() {
   builder.RegisterService(&m.service);
   builder.SetMaxReceiveMessageSize(m.max_message_bytes);
   builder.SetMaxSendMessageSize(m.max_message_bytes);
+  m.StartKvTransfer();
   int port = 0;
   m.server = StartListening(builder, m.options.listen, creds, m.options.max_rpc_threads,
                             "meshnet-node", " (address in use, or not host:port?)", &port);
@@ -330,12 +378,15 @@ void NodeServer::Start() {
     m.metrics_bound =
         HostOf(m.options.metrics_listen) + ":" + std::to_string(ports.empty() ? 0 : ports.front());
   }
-  spdlog::info("event=serving node={} layers={}-{} listen={} tls={} mtls={} token={} metrics={}",
-               m.node_service.core().instance_id().substr(0, 8),
-               m.node_service.core().node().role().start_layer,
-               m.node_service.core().node().role().end_layer, m.bound, !m.options.tls_cert.empty(),
-               !m.options.tls_ca.empty(), !m.options.auth_token.empty(),
-               m.metrics_bound.empty() ? "off" : m.metrics_bound);
+  spdlog::info(
+      "event=serving node={} layers={}-{} listen={} tls={} mtls={} token={} metrics={} "
+      "kv_transfer_port={}",
+      m.node_service.core().instance_id().substr(0, 8),
+      m.node_service.core().node().role().start_layer,
+      m.node_service.core().node().role().end_layer, m.bound, !m.options.tls_cert.empty(),
+      !m.options.tls_ca.empty(), !m.options.auth_token.empty(),
+      m.metrics_bound.empty() ? "off" : m.metrics_bound,
+      m.kv_transfer ? std::to_string(m.kv_transfer->port()) : std::string("off"));
 }
 
 std::string NodeServer::bound_address() const { return impl_->bound; }
@@ -363,6 +414,7 @@ void NodeServer::Shutdown(double grace_seconds) {
     m.server->Wait();
     spdlog::info("event=drained listen={}", m.bound);
   }
+  if (m.kv_transfer) m.kv_transfer->Stop();  // cuts transfers still running; undoes their claims
   m.exposer.reset();
 }
 

@@ -107,10 +107,12 @@ class DrainProcessTest : public ::testing::Test {
   }
   // Starts head, replica 0, replica 1 (replica 0 drains to replica 1 on
   // SIGTERM) and tail.
-  void StartMesh(const std::vector<std::string>& drain_extra = {}) {
+  // `replica_extra`: flags of the replica the drain moves sessions to.
+  void StartMesh(const std::vector<std::string>& drain_extra = {},
+                 const std::vector<std::string>& replica_extra = {}) {
     head_ = Start("0-1", {});
     tail_ = Start("4-4", {});
-    mid1_ = Start("2-3", {});
+    mid1_ = Start("2-3", replica_extra);
     std::vector<std::string> extra = {"--drain-to", mid1_->address()};
     extra.insert(extra.end(), drain_extra.begin(), drain_extra.end());
     mid0_ = Start("2-3", extra);
@@ -173,8 +175,14 @@ class DrainProcessTest : public ::testing::Test {
   double prefill_before_[2] = {0, 0};
 };
 
-TEST_F(DrainProcessTest, DrainedReplicaHandsSixteenSessionsOverWithoutRePrefill) {
-  StartMesh();
+// The replica takes the KV over its transfer port (the default), or with
+// --kv-transfer-port -1 over the gRPC stream: the same outcome either way.
+class DrainPathTest : public DrainProcessTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(DrainPathTest, DrainedReplicaHandsSixteenSessionsOverWithoutRePrefill) {
+  const bool over_grpc = GetParam();
+  StartMesh({}, over_grpc ? std::vector<std::string>{"--kv-transfer-port", "-1"}
+                          : std::vector<std::string>{});
   int status = -1;
   const std::vector<mesh::GenerateResult> results = RunAndDrain(16, &status);
   int moved = 0;
@@ -197,7 +205,11 @@ TEST_F(DrainProcessTest, DrainedReplicaHandsSixteenSessionsOverWithoutRePrefill)
   EXPECT_GE(Metric(*mid1_, "meshnet_import_chunks_verified_total"), 8);
   EXPECT_GT(Metric(*mid1_, "meshnet_import_bytes_total"), 0);
   EXPECT_EQ(Metric(*mid1_, "meshnet_imports_rejected_total"), 0);
+  EXPECT_EQ(Metric(*mid1_, "meshnet_kv_transfers_total"), over_grpc ? 0 : 8);
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, DrainPathTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Grpc" : "TransferPort"; });
 
 TEST_F(DrainProcessTest, CorruptedTransferIsRejectedAndTheSessionRePrefills) {
   // The drained node flips one byte of its first export in flight.
@@ -216,6 +228,7 @@ TEST_F(DrainProcessTest, CorruptedTransferIsRejectedAndTheSessionRePrefills) {
   EXPECT_EQ(recovered, 1) << "the corrupted one re-prefilled elsewhere";
   EXPECT_EQ(Metric(*mid1_, "meshnet_imports_rejected_total"), 1);
   EXPECT_EQ(Metric(*mid1_, "meshnet_sessions_imported_total"), 1);
+  EXPECT_EQ(Metric(*mid1_, "meshnet_kv_transfers_total"), 1) << "over the transfer port";
   ASSERT_TRUE(WIFEXITED(status)) << mid0_->Log();
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }

@@ -185,6 +185,8 @@ class RegistryMeshTest : public ::testing::TestWithParam<bool> {
     EXPECT_EQ(Metric(replica, "meshnet_sessions_imported_total"), moved);
     EXPECT_GE(Metric(replica, "meshnet_import_chunks_verified_total"), moved);
     EXPECT_EQ(Metric(replica, "meshnet_imports_rejected_total"), 0);
+    // Plain TCP nodes: every session's KV came over the replica's transfer port.
+    EXPECT_EQ(Metric(replica, "meshnet_kv_transfers_total"), moved);
   }
 
   void TearDown() override {
