@@ -166,15 +166,17 @@ void SendStatus(int fd, const StatusFrame& f, const std::string& message) {
 }
 
 // After an error: the status is sent, then what the client still sends is
-// read and dropped (bounded by bytes and the io timeout) so that closing
-// does not reset the connection before the client reads the status.
-void SendErrorAndLinger(int fd, const Error& e) {
+// read and dropped (bounded by bytes and by `linger_s` in all) so that
+// closing does not reset the connection before the client reads the status.
+void SendErrorAndLinger(int fd, const Error& e, double linger_s) {
   try {
     SendStatus(fd, StatusFrame{1 + static_cast<uint32_t>(e.kind())}, e.what());
     shutdown(fd, SHUT_WR);
     std::vector<char> sink(64 << 10);
     int64_t dropped = 0;
-    while (dropped < kMaxDrainBytes) {
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(linger_s));
+    while (dropped < kMaxDrainBytes && Clock::now() < until) {
       const ssize_t r = recv(fd, sink.data(), sink.size(), 0);
       if (r <= 0 && !(r < 0 && errno == EINTR)) break;
       if (r > 0) dropped += r;
@@ -365,11 +367,12 @@ void KvTransferListener::Impl::Serve(int fd) {
   } catch (const Error& e) {
     if (imp) core->counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn("event=kv_transfer_refused message=\"{}\"", e.what());
-    SendErrorAndLinger(fd, e);
+    SendErrorAndLinger(fd, e, options.io_timeout_s);
   } catch (const std::exception& e) {
     if (imp) core->counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("event=kv_transfer_failed message=\"{}\"", e.what());
-    SendErrorAndLinger(fd, Error(ErrorKind::kUnavailable, std::string("KV transfer: ") + e.what()));
+    SendErrorAndLinger(fd, Error(ErrorKind::kUnavailable, std::string("KV transfer: ") + e.what()),
+                       options.io_timeout_s);
   }
   imp.reset();  // undoes the claim unless it was committed
 }

@@ -217,6 +217,40 @@ TEST(KvTransfer, SilentClientsAndUnknownTicketsBlockNobody) {
   close(silent);
 }
 
+// A refused client that keeps sending a byte at a time (each within the io
+// timeout) still loses its connection, and its slot, once the status is out
+// and the linger is over: the linger is bounded in time, not only in bytes.
+TEST(KvTransfer, ARefusedClientDrippingBytesIsCutOffAfterTheLinger) {
+  TestNode a, b;
+  auto [id, t] = Prepared(a);
+  KvTransferOptions o = Options();
+  o.io_timeout_s = 0.3;
+  o.max_connections = 1;  // the dripping client holds the only slot
+  KvTransferListener port(b.core.get(), o);
+  const int fd = Dial(port.port());
+  const std::string hello = "MKVXFER1" + std::string(32, 'x');
+  ASSERT_EQ(send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), 40);
+  const auto [status, message] = ReadStatus(fd);
+  EXPECT_EQ(status, 1 + static_cast<uint32_t>(ErrorKind::kPermissionDenied)) << message;
+  const auto start = std::chrono::steady_clock::now();
+  bool cut_off = false;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    if (send(fd, "x", 1, MSG_NOSIGNAL) < 0) {
+      cut_off = true;
+      break;
+    }
+    // The drip itself is the behaviour under test: a byte every 50 ms keeps
+    // every single read inside the 0.3 s io timeout.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  close(fd);
+  ASSERT_TRUE(cut_off) << "the node kept reading a refused client's drip for 5 s";
+  auto exp = a.core->BeginExport(id, &kSecret);
+  const KvOffer offer = port.Offer(exp->header());
+  EXPECT_EQ(SendKvTransfer(*exp, "127.0.0.1", offer.port, offer.ticket, Client()),
+            13 * exp->header().bytes_per_token);
+}
+
 // Offers are bounded, and one nobody comes for expires: its claim and rows
 // go. Stop undoes the offers still waiting.
 TEST(KvTransfer, OffersAreBoundedAndExpire) {
