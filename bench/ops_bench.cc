@@ -42,12 +42,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <functional>
 #include <map>
 #include <memory>
 #include <random>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -584,5 +586,41 @@ BENCHMARK(BM_AttentionF16)->ArgsProduct({{8, 64}, {512}, {0, 1}})->MinTime(0.2);
 }  // namespace
 }  // namespace meshnet::bench
 
-BENCHMARK_MAIN();
+// --ops_without=NAME[,NAME...]: leave these Highway targets out (names as
+// hwy::TargetName prints them, e.g. AVX3_DL), so that one machine measures a
+// kernel against the next target down in alternating runs.
+int main(int argc, char** argv) {
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view arg(argv[i]);
+    constexpr std::string_view kFlag = "--ops_without=";
+    if (!arg.starts_with(kFlag)) {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    std::string_view names = arg.substr(kFlag.size());
+    while (!names.empty()) {
+      const std::string_view name = names.substr(0, names.find(','));
+      names.remove_prefix(std::min(names.size(), name.size() + 1));
+      bool known = false;
+      for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
+        if (name == hwy::TargetName(t)) {
+          hwy::DisableTargets(t);
+          known = true;
+        }
+      }
+      if (!known) {
+        std::fprintf(stderr, "ops_bench: --ops_without: %.*s is not a target of this machine\n",
+                     static_cast<int>(name.size()), name.data());
+        return 2;
+      }
+    }
+  }
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
 #endif  // HWY_ONCE

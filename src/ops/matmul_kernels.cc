@@ -32,6 +32,11 @@
 #include "ops/quantize.h"
 
 HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+// Highway 1.0.3 compiles AVX3_DL without avx512vnni (it names avxvnni, the VEX
+// form), though its CPU check requires AVX512-VNNI: added for the kernels here.
+#pragma GCC target("avx512vnni")
+#endif
 namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;

@@ -39,6 +39,11 @@
 #include "ops/matmul_x86-inl.h"
 
 HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+// Highway 1.0.3 compiles AVX3_DL without avx512vnni (it names avxvnni, the VEX
+// form), though its CPU check requires AVX512-VNNI: added for the kernels here.
+#pragma GCC target("avx512vnni")
+#endif
 namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
 
@@ -290,6 +295,87 @@ HWY_INLINE void KBlocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>& x,
   }
 }
 
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+// AVX-512 with VNNI: two 32-blocks per 512-bit vector. Per pair and token
+// one vpmaddubsw (int16 pair sums, exact as above) and one vpdpwssd (times
+// the 16-block scales, summed into int32 and accumulated in one instruction);
+// the pair's codes and scales are decoded once for the T tokens.
+#define MESHNET_KQUANT_PAIRS 1
+
+// The scales of blocks 2P, 2P+1 as int16 words: 128-bit lane L holds
+// 16-block 4P + L's (h.sc word (i % 2) * 8 + i / 2 for 16-block i).
+template <int P>
+HWY_INLINE __m512i PairScales(const KHead& h) {
+  constexpr auto kW = [](int lane) {
+    return static_cast<short>((4 * P + lane) % 2 * 8 + (4 * P + lane) / 2);
+  };
+  const __m512i idx =
+      _mm512_set_epi16(kW(3), kW(3), kW(3), kW(3), kW(3), kW(3), kW(3), kW(3), kW(2), kW(2), kW(2),
+                       kW(2), kW(2), kW(2), kW(2), kW(2), kW(1), kW(1), kW(1), kW(1), kW(1), kW(1),
+                       kW(1), kW(1), kW(0), kW(0), kW(0), kW(0), kW(0), kW(0), kW(0), kW(0));
+  return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(h.sc));
+}
+
+// The 8 blocks of super-block s at p into the int32 sums of T tokens.
+template <class F, int T>
+HWY_INLINE void KPairBlocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>& x, int64_t s,
+                            __m512i* isum) {
+  auto pair = [&]<int P>(std::integral_constant<int, P>) {
+    __m512i code = _mm512_inserti64x4(_mm512_castsi256_si512(F::template Codes<2 * P>(p)),
+                                      F::template Codes<2 * P + 1>(p), 1);
+    __mmask64 neg = 0;
+    if constexpr (F::kOff == 0) {  // IQ4_XS: signed levels, the sign trick by mask
+      neg = _mm512_movepi8_mask(code);
+      code = _mm512_abs_epi8(code);
+    }
+    const __m512i sc = PairScales<P>(h);
+    for (int t = 0; t < T; ++t) {
+      __m512i xv = _mm512_loadu_si512(x.q[t] + s * 256 + 64 * P);
+      if constexpr (F::kOff == 0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+      isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(code, xv), sc);
+    }
+  };
+  [&]<int... P>(std::integer_sequence<int, P...>) { (pair(std::integral_constant<int, P>()), ...); }
+  (std::make_integer_sequence<int, 4>());
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
+// The super-block sums and the tile's accumulators: 512-bit with block
+// pairs, else 256-bit.
+#ifdef MESHNET_KQUANT_PAIRS
+struct KVec {
+  using Sum = __m512i;
+  using Acc = __m512;
+  static HWY_INLINE Sum ZeroSum() { return _mm512_setzero_si512(); }
+  static HWY_INLINE Acc ZeroAcc() { return _mm512_setzero_ps(); }
+  static HWY_INLINE Acc ScaleAdd(Sum s, float d, Acc acc) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d), acc);
+  }
+  static HWY_INLINE __m256 Narrow(Acc acc) { return Halves(acc); }
+  template <class F, int T>
+  static HWY_INLINE void Blocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>& x, int64_t s,
+                                Sum* isum) {
+    KPairBlocks<F, T>(p, h, x, s, isum);
+  }
+};
+#else
+struct KVec {
+  using Sum = __m256i;
+  using Acc = __m256;
+  static HWY_INLINE Sum ZeroSum() { return _mm256_setzero_si256(); }
+  static HWY_INLINE Acc ZeroAcc() { return _mm256_setzero_ps(); }
+  static HWY_INLINE Acc ScaleAdd(Sum s, float d, Acc acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  }
+  static HWY_INLINE __m256 Narrow(Acc acc) { return acc; }
+  template <class F, int T>
+  static HWY_INLINE void Blocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>& x, int64_t s,
+                                Sum* isum) {
+    KBlocks<F, T>(p, h, x, s, isum);
+  }
+};
+#endif
+
 // One row x T tokens.
 template <class F, int T>
 HWY_INLINE void KQuantTile(const WeightMatrix& w, int64_t r, int64_t t0, const QuantActs& a,
@@ -297,18 +383,21 @@ HWY_INLINE void KQuantTile(const WeightMatrix& w, int64_t r, int64_t t0, const Q
   const int64_t n_super = w.cols / 256;
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * n_super * F::kBytes;
   const TokenPtrs<T> x(a, t0);
-  __m256 acc[T], corr[T];
-  for (int t = 0; t < T; ++t) acc[t] = corr[t] = _mm256_setzero_ps();
+  typename KVec::Acc acc[T];
+  __m256 corr[T];
+  for (int t = 0; t < T; ++t) {
+    acc[t] = KVec::ZeroAcc();
+    corr[t] = _mm256_setzero_ps();
+  }
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* p = row + s * F::kBytes;
     KHead h;
     F::Head(p, &h);
-    __m256i isum[T];
-    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
-    KBlocks<F, T>(p, h, x, s, isum);
+    typename KVec::Sum isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = KVec::ZeroSum();
+    KVec::template Blocks<F, T>(p, h, x, s, isum);
     for (int t = 0; t < T; ++t) {
-      acc[t] =
-          _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(h.d * x.d[t][s * 8]), acc[t]);
+      acc[t] = KVec::ScaleAdd(isum[t], h.d * x.d[t][s * 8], acc[t]);
       if constexpr (F::kOff == 1) {
         corr[t] = _mm256_fmadd_ps(h.off[0], _mm256_loadu_ps(x.dxs[t] + s * 8), corr[t]);
       } else if constexpr (F::kOff == 2) {
@@ -317,7 +406,9 @@ HWY_INLINE void KQuantTile(const WeightMatrix& w, int64_t r, int64_t t0, const Q
       }
     }
   }
-  for (int t = 0; t < T; ++t) y[(t0 + t) * w.rows + r] = HSum(_mm256_sub_ps(acc[t], corr[t]));
+  for (int t = 0; t < T; ++t) {
+    y[(t0 + t) * w.rows + r] = HSum(_mm256_sub_ps(KVec::Narrow(acc[t]), corr[t]));
+  }
 }
 
 // Rows [r_begin, r_end) x all tokens, one row at a time (decode: one
@@ -357,6 +448,7 @@ HWY_INLINE bool KQuantMatMulRows(const WeightMatrix& w, int64_t r_begin, int64_t
   }
 }
 
+#undef MESHNET_KQUANT_PAIRS
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 
 }  // namespace HWY_NAMESPACE

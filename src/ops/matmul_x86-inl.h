@@ -33,6 +33,16 @@
 #include "ops/matmul_formats-inl.h"
 #include "ops/matmul_kernels.h"
 
+// The AVX3_DL kernels with VNNI need GCC's cumulative `#pragma GCC target`
+// (clang builds run the 256-bit kernels on that target).
+#ifndef MESHNET_OPS_VNNI
+#if defined(__GNUC__) && !defined(__clang__)
+#define MESHNET_OPS_VNNI 1
+#else
+#define MESHNET_OPS_VNNI 0
+#endif
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
@@ -89,6 +99,13 @@ HWY_INLINE float HSum(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+#if HWY_TARGET <= HWY_AVX3
+// The sum of v's two 256-bit halves.
+HWY_INLINE __m256 Halves(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+#endif
 
 // Activations of T tokens starting at t0.
 template <int T>

@@ -33,6 +33,11 @@
 #include "ops/matmul_x86-inl.h"
 
 HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+// Highway 1.0.3 compiles AVX3_DL without avx512vnni (it names avxvnni, the VEX
+// form), though its CPU check requires AVX512-VNNI: added for the kernels here.
+#pragma GCC target("avx512vnni")
+#endif
 namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
 
@@ -86,6 +91,64 @@ struct XIQ4_NL {
 template <class F>
 constexpr bool kB32HasOff = F::kMinAt != 0 || F::kBias != 0.0f;
 
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+// AVX-512 with VNNI: two blocks per 512-bit vector (block a in bytes 0-31,
+// block b in 32-63) and one vpdpbusd for their 64 products (u8 x s8 summed by
+// fours into int32, exact: no int16 stage to saturate), instead of
+// vpmaddubsw + vpmaddwd per block. Signed codes take the sign trick with a
+// mask (AVX-512 has no vpsignb): |w| x (x negated where w < 0).
+#define MESHNET_B32_PAIRS 1
+
+// The 32 nibble codes of the 16 bytes at a, then those at b (Nibbles32's
+// order per block: low nibbles, then high nibbles).
+HWY_INLINE __m512i Nibbles64(const uint8_t* a, const uint8_t* b) {
+  const __m512i v =
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(Load16(a))),
+                         _mm256_broadcastsi128_si256(Load16(b)), 1);
+  // 16-bit words of the odd 128-bit lanes (the high nibbles) shift by 4.
+  const __m512i by = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                       0x0004000400040004, 0x0004000400040004);
+  return _mm512_and_si512(_mm512_srlv_epi16(v, by), _mm512_set1_epi8(0xF));
+}
+
+// The fifth bits of two blocks (the u32 at a, then at b) as bytes 0x10 or 0.
+HWY_INLINE __m512i FifthBits64(const uint8_t* a, const uint8_t* b) {
+  uint32_t qa, qb;
+  std::memcpy(&qa, a, 4);
+  std::memcpy(&qb, b, 4);
+  return _mm512_maskz_mov_epi8(_cvtu64_mask64(qa | uint64_t{qb} << 32), _mm512_set1_epi8(0x10));
+}
+
+template <class F>
+HWY_INLINE __m512i Codes64(const uint8_t* p);  // the blocks at p and p + F::kBytes
+template <>
+HWY_INLINE __m512i Codes64<XQ8_0>(const uint8_t* p) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(Load32(p + 2)), Load32(p + 34 + 2), 1);
+}
+template <>
+HWY_INLINE __m512i Codes64<XQ4_0>(const uint8_t* p) {
+  return Nibbles64(p + 2, p + 18 + 2);
+}
+template <>
+HWY_INLINE __m512i Codes64<XQ5_0>(const uint8_t* p) {
+  return _mm512_or_si512(Nibbles64(p + 6, p + 22 + 6), FifthBits64(p + 2, p + 22 + 2));
+}
+template <>
+HWY_INLINE __m512i Codes64<XQ4_1>(const uint8_t* p) {
+  return Nibbles64(p + 4, p + 20 + 4);
+}
+template <>
+HWY_INLINE __m512i Codes64<XQ5_1>(const uint8_t* p) {
+  return _mm512_or_si512(Nibbles64(p + 8, p + 24 + 8), FifthBits64(p + 4, p + 24 + 4));
+}
+template <>
+HWY_INLINE __m512i Codes64<XIQ4_NL>(const uint8_t* p) {
+  const __m512i table =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Table)));
+  return _mm512_shuffle_epi8(table, Nibbles64(p + 2, p + 18 + 2));
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
 // 8 floats at p, lanes >= g (< 8 at the end of a row) read as 0.
 HWY_INLINE __m256 LoadGroup(const float* p, int g) {
   if (g == 8) return _mm256_loadu_ps(p);
@@ -95,11 +158,26 @@ HWY_INLINE __m256 LoadGroup(const float* p, int g) {
 }
 
 // The f16 at byte `at` of blocks [b, b + g) of a row as 8 floats (0 past g).
+// Not 8 u16 stores reloaded as one vector: that stalls on store forwarding
+// (a third of the batched time), nor a vpgatherdd (slower still on AMD):
+// word inserts in two independent chains.
 template <class F>
 HWY_INLINE __m256 GatherF16(const uint8_t* row, int64_t b, int g, int at) {
-  alignas(16) uint16_t h[8] = {};
-  for (int k = 0; k < g; ++k) h[k] = LoadU16(row + (b + k) * F::kBytes + at);
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  const uint8_t* p = row + b * F::kBytes + at;
+  if (g == 8) {
+    __m128i lo = _mm_cvtsi32_si128(LoadU16(p));
+    __m128i hi = _mm_cvtsi32_si128(LoadU16(p + 4 * F::kBytes));
+    lo = _mm_insert_epi16(lo, LoadU16(p + F::kBytes), 1);
+    hi = _mm_insert_epi16(hi, LoadU16(p + 5 * F::kBytes), 1);
+    lo = _mm_insert_epi16(lo, LoadU16(p + 2 * F::kBytes), 2);
+    hi = _mm_insert_epi16(hi, LoadU16(p + 6 * F::kBytes), 2);
+    lo = _mm_insert_epi16(lo, LoadU16(p + 3 * F::kBytes), 3);
+    hi = _mm_insert_epi16(hi, LoadU16(p + 7 * F::kBytes), 3);
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+  }
+  alignas(16) uint16_t w[8] = {};
+  for (int k = 0; k < g; ++k) w[k] = LoadU16(p + k * F::kBytes);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(w)));
 }
 
 // Blocks [b, b + g): eff[r][t][k] = d_w * d_x of block b + k; the offset
@@ -146,6 +224,80 @@ HWY_INLINE void BlockDots(const uint8_t* const* rows, int64_t b, int k, const To
   }
 }
 
+#ifdef MESHNET_B32_PAIRS
+// Blocks b + k and b + k + 1 (k even) of R rows x T tokens into acc (two
+// blocks' 8 int32 sums per vector; their scales eff[k], eff[k + 1] are spread
+// over the matching halves by one permute).
+template <class F, int R, int T>
+HWY_INLINE void PairDots(const uint8_t* const* rows, int64_t b, int k, const TokenPtrs<T>& x,
+                         const float (*eff)[T][8], __m512 (*acc)[T]) {
+  // (Not _mm512_setr_epi32 of k: built through memory, its 64-byte reload
+  // of 16 scalar stores stalled on store forwarding, 1.7x the decode time.)
+  const __m512i spread = _mm512_add_epi32(
+      _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(k));
+  __m512i code[R];
+  __mmask64 neg[R];
+  for (int r = 0; r < R; ++r) {
+    const __m512i c = Codes64<F>(rows[r] + (b + k) * F::kBytes);
+    if constexpr (F::kSigned) {
+      neg[r] = _mm512_movepi8_mask(c);
+      code[r] = _mm512_abs_epi8(c);
+    } else {
+      code[r] = c;
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const __m512i xv = _mm512_loadu_si512(x.q[t] + (b + k) * 32);
+    for (int r = 0; r < R; ++r) {
+      __m512i xs = xv;
+      if constexpr (F::kSigned) xs = _mm512_mask_sub_epi8(xv, neg[r], _mm512_setzero_si512(), xv);
+      const __m512i s32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), code[r], xs);
+      const __m512 e =
+          _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_load_ps(eff[r][t])));
+      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32), e, acc[r][t]);
+    }
+  }
+}
+
+// B32Tile with block pairs: the offset terms and an odd last block go into
+// 256-bit accumulators beside the 512-bit ones.
+template <class F, int R, int T>
+HWY_INLINE void B32PairTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
+                            float* y) {
+  constexpr int kAcc = R * T == 1 ? 2 : 1;
+  const int64_t nb = w.cols / 32;
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * F::kBytes;
+  }
+  const TokenPtrs<T> x(a, t0);
+  __m512 acc[kAcc][R][T];
+  __m256 side[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      side[r][t] = _mm256_setzero_ps();
+      for (int k = 0; k < kAcc; ++k) acc[k][r][t] = _mm512_setzero_ps();
+    }
+  HWY_ALIGN float eff[R][T][8];
+  for (int64_t b = 0; b < nb; b += 8) {
+    const int g = static_cast<int>(std::min<int64_t>(8, nb - b));
+    GroupScales<F, R, T>(rows, b, g, x, eff, side);
+    int k = 0;
+    for (; k + 2 * kAcc <= g; k += 2 * kAcc) {
+      for (int u = 0; u < kAcc; ++u) PairDots<F, R, T>(rows, b, k + 2 * u, x, eff, acc[u]);
+    }
+    for (; k + 2 <= g; k += 2) PairDots<F, R, T>(rows, b, k, x, eff, acc[0]);
+    if (k < g) BlockDots<F, R, T>(rows, b, k, x, eff, side);
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      __m512 total = acc[0][r][t];
+      for (int k = 1; k < kAcc; ++k) total = _mm512_add_ps(total, acc[k][r][t]);
+      y[(t0 + t) * w.rows + r0 + r] = HSum(_mm256_add_ps(Halves(total), side[r][t]));
+    }
+}
+#endif  // MESHNET_B32_PAIRS
+
 // Rows [r0, r0 + R) x tokens [t0, t0 + T) of y. A 1 x 1 tile (decode)
 // alternates two accumulators so consecutive blocks' FMAs overlap.
 template <class F, int R, int T>
@@ -188,8 +340,13 @@ template <class F, int R>
 HWY_INLINE void B32Tokens(const WeightMatrix& w, int64_t r0, const QuantActs& a, int64_t n_tokens,
                           float* y) {
   int64_t t = 0;
+#ifdef MESHNET_B32_PAIRS
+  for (; t + 4 <= n_tokens; t += 4) B32PairTile<F, R, 4>(w, r0, t, a, y);
+  for (; t < n_tokens; ++t) B32PairTile<F, R, 1>(w, r0, t, a, y);
+#else
   for (; t + 4 <= n_tokens; t += 4) B32Tile<F, R, 4>(w, r0, t, a, y);
   for (; t < n_tokens; ++t) B32Tile<F, R, 1>(w, r0, t, a, y);
+#endif
 }
 
 // Decode (one token) streams one row at a time, which the hardware
@@ -225,6 +382,7 @@ HWY_INLINE bool Block32MatMulRows(const WeightMatrix& w, int64_t r_begin, int64_
   }
 }
 
+#undef MESHNET_B32_PAIRS
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 
 }  // namespace HWY_NAMESPACE
