@@ -7,6 +7,8 @@
 //   memcpy_bw         memcpy of such a buffer (read + write bytes)
 //   compute_scaling_2t  2-thread speedup of a pure FMA loop (what 2 threads can gain now)
 //   int8_peak / fma_peak  (x86 AVX2) multiply-adds per CPU-second of one thread
+//                 (int8_peak: the higher of the AVX2 and, where the CPU has
+//                 it, the AVX512-VNNI loop, int8_vnni_GMACps)
 //                 in the tightest loops the kernels' inner steps allow: the
 //                 GGML-style 32-block int8 dot (vpmaddubsw, vpmaddwd, convert,
 //                 FMA by the block scale) and f32 FMAs, 8 independent
@@ -116,6 +118,7 @@ struct Baselines {
   double read_bw_cpu = 0;         // bytes per second of thread CPU time, 1 thread
   double compute_scaling = 0;     // 2-thread speedup of an embarrassingly parallel FMA loop
   double int8_peak = 0;           // int8 MACs per CPU-second (0: no AVX2 probe here)
+  double int8_vnni_peak = 0;      // the same with AVX512-VNNI (0: not on this CPU)
   double fma_peak = 0;            // f32 MACs per CPU-second (0: no AVX2 probe here)
 };
 
@@ -145,6 +148,32 @@ __attribute__((target("avx2,fma"), noinline)) float Int8DotLoop(int64_t n) {
   return _mm256_cvtss_f32(
       _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                     _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))));
+}
+
+// The same for two 32-blocks per 512-bit vector with AVX512-VNNI (the
+// kernels' AVX3_DL path): vpdpbusd into a zeroed register, convert, FMA by
+// the scales.
+#define MESHNET_INT8_VNNI(A)             \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t" \
+  "vpdpbusd %[x], %[w], %%zmm15\n\t"     \
+  "vcvtdq2ps %%zmm15, %%zmm15\n\t"       \
+  "vfmadd231ps %[s], %%zmm15, %[" A "]\n\t"
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) float Int8VnniLoop(int64_t n) {
+  __m512 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+  const __m512i w = _mm512_set1_epi8(5), x = _mm512_set1_epi8(3);
+  const __m512 s = _mm512_set1_ps(1e-9f);
+  for (int64_t k = 0; k < n; ++k) {
+    __asm__ volatile(MESHNET_INT8_VNNI("a0") MESHNET_INT8_VNNI("a1") MESHNET_INT8_VNNI("a2")
+                         MESHNET_INT8_VNNI("a3") MESHNET_INT8_VNNI("a4") MESHNET_INT8_VNNI("a5")
+                             MESHNET_INT8_VNNI("a6") MESHNET_INT8_VNNI("a7")
+                     : [a0] "+v"(a0), [a1] "+v"(a1), [a2] "+v"(a2), [a3] "+v"(a3), [a4] "+v"(a4),
+                       [a5] "+v"(a5), [a6] "+v"(a6), [a7] "+v"(a7)
+                     : [w] "v"(w), [x] "v"(x), [s] "v"(s)
+                     : "xmm15");
+  }
+  return _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                    _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))));
 }
 #undef MESHNET_INT8_DOT
 
@@ -256,6 +285,12 @@ const Baselines& GetBaselines() {
       out.int8_peak = macs / TimeBestCpu(3, [&] { sink = sink + Int8DotLoop(kRounds); });
       out.fma_peak = macs / TimeBestCpu(3, [&] { sink = sink + FmaLoop(4 * kRounds); });
     }
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) {
+      constexpr int64_t kRounds = 10'000'000;  // 64 MACs per step, 8 steps per round
+      const double macs = 8.0 * 64.0 * static_cast<double>(kRounds);
+      out.int8_vnni_peak = macs / TimeBestCpu(3, [&] { sink = sink + Int8VnniLoop(kRounds); });
+      out.int8_peak = std::max(out.int8_peak, out.int8_vnni_peak);
+    }
 #endif
     return out;
   }();
@@ -271,6 +306,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["memcpy_GBps"] = b.memcpy_bw / 1e9;
   state.counters["read_vs_memcpy"] = b.read_bw[1] / b.memcpy_bw;
   state.counters["compute_scaling_2t"] = b.compute_scaling;
+  if (b.int8_vnni_peak > 0) state.counters["int8_vnni_GMACps"] = b.int8_vnni_peak / 1e9;
   if (b.int8_peak > 0) {
     state.counters["int8_peak_GMACps"] = b.int8_peak / 1e9;
     state.counters["fma_peak_GMACps"] = b.fma_peak / 1e9;

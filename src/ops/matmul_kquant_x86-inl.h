@@ -419,6 +419,10 @@ void KQuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const Qua
   for (int64_t r = r_begin; r < r_end; ++r) {
     int64_t t = 0;
     for (; t + 4 <= n_tokens; t += 4) KQuantTile<F, 4>(w, r, t, a, y);
+    if (n_tokens - t == 3) {
+      KQuantTile<F, 3>(w, r, t, a, y);
+      continue;
+    }
     if (t + 2 <= n_tokens) {
       KQuantTile<F, 2>(w, r, t, a, y);
       t += 2;

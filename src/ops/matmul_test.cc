@@ -305,7 +305,8 @@ TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
 // Batches of the continuous-batching and prefill sizes (token tiles and tails).
 TEST(MatMul, QuantTypesBatchedMatchReference) {
   ForEachSimdTarget([] {
-    for (GgmlType type : kQuantTypes) CheckType(type, {{6, 256, 6}, {3, 512, 13}, {5, 256, 64}});
+    for (GgmlType type : kQuantTypes)
+      CheckType(type, {{6, 256, 6}, {3, 512, 13}, {5, 256, 64}, {2, 512, 7}});
   });
 }
 

@@ -335,18 +335,37 @@ HWY_INLINE void B32Tile(const WeightMatrix& w, int64_t r0, int64_t t0, const Qua
     }
 }
 
-// R rows x all tokens: tiles of 4 tokens, then single tokens.
+#ifdef MESHNET_B32_PAIRS
+template <class F, int R, int T>
+HWY_INLINE void B32AnyTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
+                           float* y) {
+  B32PairTile<F, R, T>(w, r0, t0, a, y);
+}
+#else
+template <class F, int R, int T>
+HWY_INLINE void B32AnyTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
+                           float* y) {
+  B32Tile<F, R, T>(w, r0, t0, a, y);
+}
+#endif
+
+// R rows x all tokens: tiles of 4 tokens, then one tile of the 1-3 left (a
+// batch of 7 is 4 + 3, not 4 + 1 + 1 + 1: each tile decodes the codes again).
 template <class F, int R>
 HWY_INLINE void B32Tokens(const WeightMatrix& w, int64_t r0, const QuantActs& a, int64_t n_tokens,
                           float* y) {
   int64_t t = 0;
-#ifdef MESHNET_B32_PAIRS
-  for (; t + 4 <= n_tokens; t += 4) B32PairTile<F, R, 4>(w, r0, t, a, y);
-  for (; t < n_tokens; ++t) B32PairTile<F, R, 1>(w, r0, t, a, y);
-#else
-  for (; t + 4 <= n_tokens; t += 4) B32Tile<F, R, 4>(w, r0, t, a, y);
-  for (; t < n_tokens; ++t) B32Tile<F, R, 1>(w, r0, t, a, y);
-#endif
+  for (; t + 4 <= n_tokens; t += 4) B32AnyTile<F, R, 4>(w, r0, t, a, y);
+  switch (n_tokens - t) {
+    case 3:
+      return B32AnyTile<F, R, 3>(w, r0, t, a, y);
+    case 2:
+      return B32AnyTile<F, R, 2>(w, r0, t, a, y);
+    case 1:
+      return B32AnyTile<F, R, 1>(w, r0, t, a, y);
+    default:
+      return;
+  }
 }
 
 // Decode (one token) streams one row at a time, which the hardware
