@@ -318,8 +318,13 @@ BENCHMARK(BM_ReadBandwidth)->Iterations(1);
 
 // Copies start 32 bytes past a 64-byte boundary, like GGUF tensor data
 // (general.alignment defaults to 32).
+// --ops_packed: matrices also carry ops::PackWeights' layout where this
+// machine has one (the counters still count the unpacked bytes).
+bool g_packed = false;
+
 struct Ring {
   std::vector<uint8_t> storage;
+  std::vector<uint8_t> packed;
   uint8_t* bytes = nullptr;
   std::vector<WeightMatrix> mats;
 };
@@ -348,6 +353,17 @@ const Ring& GetRing(GgmlType type, int64_t rows, int64_t cols) {
     std::memcpy(slot->bytes + c * mat_bytes, one.data(), mat_bytes);
   for (size_t c = 0; c < copies; ++c) {
     slot->mats.push_back(WeightMatrix{type, slot->bytes + c * mat_bytes, rows, cols});
+  }
+  const size_t packed_bytes = g_packed ? ops::PackedWeightBytes(slot->mats[0]) : 0;
+  if (packed_bytes > 0) {
+    slot->packed.resize(copies * packed_bytes + 64);
+    uint8_t* at =
+        slot->packed.data() + (64 - reinterpret_cast<uintptr_t>(slot->packed.data()) % 64);
+    ops::PackWeights(slot->mats[0], at);
+    for (size_t c = 0; c < copies; ++c) {
+      if (c > 0) std::memcpy(at + c * packed_bytes, at, packed_bytes);
+      slot->mats[c].packed = at + c * packed_bytes;
+    }
   }
   return *slot;
 }
@@ -630,6 +646,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     const std::string_view arg(argv[i]);
     constexpr std::string_view kFlag = "--ops_without=";
+    if (arg == "--ops_packed") {
+      meshnet::bench::g_packed = true;
+      continue;
+    }
     if (!arg.starts_with(kFlag)) {
       rest.push_back(argv[i]);
       continue;

@@ -38,6 +38,19 @@ void ForRows(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_chunk) {
   }
 }
 
+// The packed rows in groups of 16 over the pool, the rest as usual.
+void MatMulPacked(const WeightMatrix& w, const internal::QuantActs& acts, int64_t n_tokens,
+                  float* y, ThreadPool* pool) {
+  const int64_t n = n_tokens * w.cols;
+  for (int64_t i = 0; i < n; ++i) acts.u8[i] = static_cast<uint8_t>(acts.q8[i]) ^ 0x80;
+  const int64_t groups = w.rows / 16;
+  ForRows(
+      pool, groups,
+      [&](int64_t g0, int64_t g1) { internal::MatMulPackedRows(w, g0, g1, acts, n_tokens, y); },
+      n_tokens == 1 ? 2 : 1);
+  if (groups * 16 < w.rows) internal::MatMulQuantRows(w, groups * 16, w.rows, acts, n_tokens, y);
+}
+
 }  // namespace
 
 ActFormat ActFormatFor(GgmlType type) {
@@ -79,8 +92,34 @@ size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols) {
   const auto nt = static_cast<size_t>(n_tokens);
   const auto nb = static_cast<size_t>(cols / 32);
   return kAlign + RoundUp(nt * static_cast<size_t>(cols) * sizeof(int16_t)) +
-         RoundUp(nt * static_cast<size_t>(cols)) + 2 * RoundUp(nt * nb * sizeof(float)) +
+         2 * RoundUp(nt * static_cast<size_t>(cols)) + 2 * RoundUp(nt * nb * sizeof(float)) +
          RoundUp(nt * 2 * nb * sizeof(float));
+}
+
+size_t PackedWeightBytes(const WeightMatrix& w) {
+  if (w.rows < 16 || w.cols % 32 != 0 || !internal::PackedSupported(w.type)) return 0;
+  return static_cast<size_t>(w.rows / 16 * (w.cols / 32) * internal::kPackedQ8Block);
+}
+
+void PackWeights(const WeightMatrix& w, void* out) {
+  const int64_t nb = w.cols / 32;
+  const size_t row_bytes = RowBytes(w.type, w.cols);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  auto* dst = static_cast<uint8_t*>(out);
+  for (int64_t g = 0; g < w.rows / 16; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = dst + (g * nb + b) * internal::kPackedQ8Block;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t* block = src + static_cast<size_t>(g * 16 + i) * row_bytes + b * 34;
+        for (int c = 0; c < 8; ++c) std::memcpy(blk + 64 * c + 4 * i, block + 2 + 4 * c, 4);
+        std::memcpy(blk + 512 + 2 * i, block, 2);  // the f16 scale
+        int16_t sum = 0;
+        for (int k = 0; k < 32; ++k)
+          sum = static_cast<int16_t>(sum + static_cast<int8_t>(block[2 + k]));
+        std::memcpy(blk + 544 + 2 * i, &sum, 2);
+      }
+    }
+  }
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
@@ -119,6 +158,8 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
   p += RoundUp(nt * static_cast<size_t>(w.cols) * sizeof(int16_t));
   acts.q8 = reinterpret_cast<int8_t*>(p);
   p += RoundUp(nt * static_cast<size_t>(w.cols));
+  if (w.packed != nullptr) acts.u8 = p;
+  p += RoundUp(nt * static_cast<size_t>(w.cols));
   acts.d = reinterpret_cast<float*>(p);
   p += RoundUp(nt * nb * sizeof(float));
   acts.dxs = reinterpret_cast<float*>(p);
@@ -131,6 +172,7 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, v
     pool->ParallelFor(
         n_tokens, [&](int64_t t0, int64_t t1) { internal::QuantizeActs(fmt, x, t0, t1, acts); });
   }
+  if (w.packed != nullptr) return MatMulPacked(w, acts, n_tokens, y, pool);
   ForRows(
       pool, groups,
       [&](int64_t g0, int64_t g1) {

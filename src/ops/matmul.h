@@ -47,7 +47,22 @@ struct WeightMatrix {
   const void* data = nullptr;  // row r starts at data + r * RowBytes(type, cols)
   int64_t rows = 0;
   int64_t cols = 0;
+  // Optional: the first rows / 16 * 16 rows again in the layout of
+  // PackWeights (64-byte aligned), which MatMul then reads instead of data
+  // for them (the other rows, and targets without a packed kernel, read data).
+  const void* packed = nullptr;
 };
+
+// Packed weights: Q8_0 rows interleaved 16 at a time so that one AVX512-VNNI
+// instruction multiplies 4 columns of 16 rows by a token's 4 activations,
+// and each block's scale and convert serve 16 rows at once (the layout is
+// internal: matmul_kernels.h kPackedQ8Block). Same results as the unpacked
+// kernels up to float summation order. 0 when this machine's best kernels
+// have no packed layout for the type (anything but Q8_0 today, CPUs without
+// AVX512-VNNI) or the matrix has fewer than 16 rows.
+size_t PackedWeightBytes(const WeightMatrix& w);
+// Writes PackedWeightBytes(w) bytes to `out` (64-byte aligned).
+void PackWeights(const WeightMatrix& w, void* out);
 
 // GGML's vec_dot_type: the format activations are converted to for a weight type.
 enum class ActFormat { kF32, kF16, kQ8_0, kQ8_1, kQ8_K };

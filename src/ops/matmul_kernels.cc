@@ -334,6 +334,22 @@ void MatMulQuantRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, 
   }
 }
 
+void MatMulPackedRowsImpl(const WeightMatrix& w, int64_t g_begin, int64_t g_end, const QuantActs& a,
+                          int64_t n_tokens, float* y) {
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+  if (w.type == GgmlType::kQ8_0) return Q8PackedRows(w, g_begin, g_end, a, n_tokens, y);
+#endif
+  MatMulQuantRowsImpl(w, g_begin * 16, g_end * 16, a, n_tokens, y);
+}
+
+bool PackedSupportedImpl(GgmlType type) {
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+  return type == GgmlType::kQ8_0;
+#else
+  return false;
+#endif
+}
+
 // ---------------------------------------------------------------- float tiles
 
 using DF = hn::ScalableTag<float>;
@@ -522,6 +538,8 @@ HWY_EXPORT(QuantizeActsImpl);
 HWY_EXPORT(MatMulQuantRowsImpl);
 HWY_EXPORT(MatMulFloatRowsImpl);
 HWY_EXPORT(RoundToF16Impl);
+HWY_EXPORT(MatMulPackedRowsImpl);
+HWY_EXPORT(PackedSupportedImpl);
 
 void QuantizeActs(ActFormat fmt, const float* x, int64_t t_begin, int64_t t_end,
                   const QuantActs& a) {
@@ -538,6 +556,11 @@ void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, 
 void RoundToF16(const float* x, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(RoundToF16Impl)(x, n, out);
 }
+void MatMulPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end, const QuantActs& acts,
+                      int64_t n_tokens, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatMulPackedRowsImpl)(w, g_begin, g_end, acts, n_tokens, y);
+}
+bool PackedSupported(GgmlType type) { return HWY_DYNAMIC_DISPATCH(PackedSupportedImpl)(type); }
 
 }  // namespace meshnet::ops::internal
 #endif  // HWY_ONCE

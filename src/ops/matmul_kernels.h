@@ -19,6 +19,7 @@ namespace meshnet::ops::internal {
 struct QuantActs {
   int16_t* q = nullptr;
   int8_t* q8 = nullptr;
+  uint8_t* u8 = nullptr;  // q8 + 128 as bytes (for packed weights; else null)
   float* d = nullptr;
   float* dxs = nullptr;
   float* dxs16 = nullptr;
@@ -36,6 +37,17 @@ void MatMulQuantRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
 // round_acts: F16 weights whose activations x are not yet rounded to f16.
 void MatMulFloatRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
                      int64_t n_tokens, float* y, bool round_acts);
+// Packed weights (matmul.h): the row groups [g_begin, g_end) of 16 rows of
+// w.packed (acts.u8 set); targets without a packed kernel take w.data's rows.
+void MatMulPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end, const QuantActs& acts,
+                      int64_t n_tokens, float* y);
+// True when the best target here has a packed kernel for `type`.
+bool PackedSupported(GgmlType type);
+// The bytes of one packed 32-column block of 16 Q8_0 rows: 8 chunks of 64
+// code bytes (lane i: row i's codes 4c..4c+3), the 16 f16 scales, the 16
+// int16 code sums.
+inline constexpr int64_t kPackedQ8Block = 8 * 64 + 32 + 32;
+
 // out[i] = x[i] rounded to f16 (nearest even), as float.
 void RoundToF16(const float* x, int64_t n, float* out);
 

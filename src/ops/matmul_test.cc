@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/hwy_test_util.h"
+#include "ops/matmul_kernels.h"
 #include "ops/quantize.h"
 #include "util/dtype.h"
 #include "util/thread_pool.h"
@@ -101,7 +102,10 @@ struct Shape {
   int64_t rows, cols, n_tokens;
 };
 
-void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits = false) {
+// packed: w also carries the PackWeights layout (where the type has one),
+// which the targets with a packed kernel read and the others ignore.
+void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits = false,
+               bool packed = false) {
   const char* name = GgmlTypeInfoOf(type).name.data();
   ThreadPool pool2(2);
   ThreadPool pool3(3);
@@ -111,6 +115,15 @@ void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits
     Weights wt = random_bits ? RandomBitWeights(type, s.rows, s.cols, seed++)
                              : MakeWeights(type, s.rows, s.cols, seed++);
     const std::vector<float> x = RandomActs(s.n_tokens, s.cols, seed++);
+    std::vector<uint8_t> packed_bytes;
+    if (packed) {
+      // Sized and written whatever the current target (the layout is plain C++).
+      packed_bytes.resize(
+          static_cast<size_t>(s.rows / 16 * (s.cols / 32) * internal::kPackedQ8Block) + 64);
+      void* at = packed_bytes.data() + (64 - reinterpret_cast<uintptr_t>(packed_bytes.data()) % 64);
+      PackWeights(wt.w, at);
+      wt.w.packed = at;
+    }
     std::vector<float> ref_q(static_cast<size_t>(s.n_tokens * s.rows));
     std::vector<float> ref_f(ref_q.size());
     MatMulReferenceQuantized(wt.w, x.data(), s.n_tokens, ref_q.data());
@@ -299,6 +312,18 @@ TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
       CheckType(type, {{7, 512, 1}, {5, 256, 2}, {3, 256, 7}, {4, 768, 16}, {2, 256, 33}},
                 /*random_bits=*/true);
     }
+  });
+}
+
+// Q8_0 packed 16 rows at a time: row counts around the groups of 16 (the
+// rest unpacked), token counts around the tiles of 8, codes at every byte
+// value (-128 included: the unsigned-activation correction must be exact).
+TEST(MatMul, PackedQ8_0MatchesReference) {
+  ForEachSimdTarget([] {
+    const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 64, 19}, {33, 96, 8},
+                                       {17, 32, 9},  {64, 768, 3}, {16, 32, 16}};
+    CheckType(GgmlType::kQ8_0, shapes, /*random_bits=*/false, /*packed=*/true);
+    CheckType(GgmlType::kQ8_0, shapes, /*random_bits=*/true, /*packed=*/true);
   });
 }
 

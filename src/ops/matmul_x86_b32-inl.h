@@ -259,6 +259,83 @@ HWY_INLINE void PairDots(const uint8_t* const* rows, int64_t b, int k, const Tok
   }
 }
 
+// Q8_0 packed 16 rows at a time (kPackedQ8Block per 32-column block): one
+// vpdpbusd per 4 columns and token for all 16 rows, the token's 4 activation
+// bytes broadcast as unsigned (q + 128; 128 x the rows' code sums is taken
+// off after, exact), then one convert and FMA per block and token. No
+// horizontal sums: lane i is row i.
+template <int T>
+HWY_INLINE void Q8PackedTile(const uint8_t* group, int64_t nb, const QuantActs& a, int64_t t0,
+                             float* y, int64_t y_stride) {
+  const uint8_t* xu[T];
+  const float* dx[T];
+  for (int t = 0; t < T; ++t) {
+    xu[t] = a.u8 + (t0 + t) * a.cols;
+    dx[t] = a.d + (t0 + t) * nb;
+  }
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kPackedQ8Block;
+    __m512i sum[T];
+    for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; ++c) {
+      const __m512i wv = _mm512_load_si512(blk + 64 * c);
+      for (int t = 0; t < T; ++t) {
+        uint32_t x4;
+        std::memcpy(&x4, xu[t] + b * 32 + 4 * c, 4);
+        sum[t] = _mm512_dpbusd_epi32(sum[t], _mm512_set1_epi32(static_cast<int>(x4)), wv);
+      }
+    }
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 512)));
+    const __m512i off = _mm512_slli_epi32(
+        _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 544))), 7);
+    for (int t = 0; t < T; ++t) {
+      const __m512 eff = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t][b]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum[t], off)), eff, acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
+}
+
+// Row groups [g_begin, g_end) x all tokens: tiles of 8 tokens, then one of the rest.
+HWY_INLINE void Q8PackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
+                             const QuantActs& a, int64_t n_tokens, float* y) {
+  const int64_t nb = w.cols / 32;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * nb * kPackedQ8Block;
+    float* yg = y + g * 16;
+    int64_t t = 0;
+    for (; t + 8 <= n_tokens; t += 8) Q8PackedTile<8>(group, nb, a, t, yg, w.rows);
+    switch (n_tokens - t) {
+      case 7:
+        Q8PackedTile<7>(group, nb, a, t, yg, w.rows);
+        break;
+      case 6:
+        Q8PackedTile<6>(group, nb, a, t, yg, w.rows);
+        break;
+      case 5:
+        Q8PackedTile<5>(group, nb, a, t, yg, w.rows);
+        break;
+      case 4:
+        Q8PackedTile<4>(group, nb, a, t, yg, w.rows);
+        break;
+      case 3:
+        Q8PackedTile<3>(group, nb, a, t, yg, w.rows);
+        break;
+      case 2:
+        Q8PackedTile<2>(group, nb, a, t, yg, w.rows);
+        break;
+      case 1:
+        Q8PackedTile<1>(group, nb, a, t, yg, w.rows);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 // B32Tile with block pairs: the offset terms and an odd last block go into
 // 256-bit accumulators beside the 512-bit ones.
 template <class F, int R, int T>

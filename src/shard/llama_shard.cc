@@ -1,7 +1,9 @@
 #include "shard/llama_shard.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "ops/matmul.h"
@@ -50,8 +52,6 @@ struct LlamaShard::Workspace {
 };
 
 namespace {
-ops::WeightMatrix W(const model::MatrixView& m) { return {m.type, m.data, m.rows, m.cols}; }
-
 // MatMul, or in ggml_parity mode ggml's arithmetic where ops has it.
 void Mm(bool ggml_parity, const ops::WeightMatrix& w, const float* x, int64_t n, float* y,
         void* scratch, ThreadPool* pool) {
@@ -83,9 +83,52 @@ LlamaShard::LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_lay
     for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) take(*m);
   }
   if (role_.is_tail()) take(weights_.output());
+  if (!ggml_parity_) PackMatrices();
 }
 
 LlamaShard::~LlamaShard() = default;
+
+void LlamaShard::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
+
+void LlamaShard::PackMatrices() {
+  std::vector<const model::MatrixView*> todo;
+  for (const auto& l : weights_.layers()) {
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      todo.push_back(m);
+    }
+  }
+  if (role_.is_tail()) todo.push_back(&weights_.output());
+  std::vector<std::pair<const model::MatrixView*, uint8_t*>> jobs;
+  for (const model::MatrixView* m : todo) {
+    if (m->data == nullptr || packed_.count(m->data) != 0) continue;
+    const ops::WeightMatrix w{m->type, m->data, m->rows, m->cols};
+    const size_t bytes = ops::PackedWeightBytes(w);
+    if (bytes == 0) continue;
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (p == nullptr) throw std::bad_alloc();
+    packed_store_.emplace_back(p);
+    packed_[m->data] = p;
+    jobs.emplace_back(m, p);
+  }
+  auto pack = [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const model::MatrixView& m = *jobs[static_cast<size_t>(j)].first;
+      ops::PackWeights({m.type, m.data, m.rows, m.cols}, jobs[static_cast<size_t>(j)].second);
+    }
+  };
+  const auto n = static_cast<int64_t>(jobs.size());
+  if (pool_ != nullptr) {
+    pool_->ParallelFor(n, pack);
+  } else {
+    pack(0, n);
+  }
+}
+
+ops::WeightMatrix LlamaShard::Matrix(const model::MatrixView& m) const {
+  ops::WeightMatrix w{m.type, m.data, m.rows, m.cols};
+  if (auto it = packed_.find(m.data); it != packed_.end()) w.packed = it->second;
+  return w;
+}
 
 kv::KvCacheRecipe LlamaShard::MakeRecipe(KvDtype kv_dtype) const {
   kv::KvCacheRecipe r;
@@ -138,7 +181,8 @@ void LlamaShard::Embed(std::span<const int32_t> ids, float* hidden) const {
                            std::to_string(e.rows - 1) + ")");
     }
   }
-  ops::EmbeddingLookup(W(e), ids.data(), static_cast<int64_t>(ids.size()), hidden);  // (n, n_embd)
+  ops::EmbeddingLookup(Matrix(e), ids.data(), static_cast<int64_t>(ids.size()),
+                       hidden);  // (n, n_embd)
 }
 
 void LlamaShard::Forward(float* hidden, int64_t n, const kv::KvStep& step) const {
@@ -200,26 +244,27 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
   for (const model::LayerWeights& lw : weights_.layers()) {
     if (check_cancel && StepCancelled()) break;  // thrown below, once the workspace is back
     // ---- attention ----
-    rms_norm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);        // (n, n_embd)
-    Mm(ggml_parity_, W(lw.wq), xb, n, ws->q.data(), mm, pool_);  // (n, q_dim)
-    Mm(ggml_parity_, W(lw.wk), xb, n, ws->k.data(), mm, pool_);  // (n, kv_dim)
-    Mm(ggml_parity_, W(lw.wv), xb, n, ws->v.data(), mm, pool_);  // (n, kv_dim)
+    rms_norm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);             // (n, n_embd)
+    Mm(ggml_parity_, Matrix(lw.wq), xb, n, ws->q.data(), mm, pool_);  // (n, q_dim)
+    Mm(ggml_parity_, Matrix(lw.wk), xb, n, ws->k.data(), mm, pool_);  // (n, kv_dim)
+    Mm(ggml_parity_, Matrix(lw.wv), xb, n, ws->v.data(), mm, pool_);  // (n, kv_dim)
     AddBias(ws->q.data(), lw.bq, n, hp.q_dim());
     AddBias(ws->k.data(), lw.bk, n, hp.kv_dim());
     AddBias(ws->v.data(), lw.bv, n, hp.kv_dim());
-    Attend(*ws, lw, slices);                                                    // (n, q_dim)
-    Mm(ggml_parity_, W(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
+    Attend(*ws, lw, slices);                                                         // (n, q_dim)
+    Mm(ggml_parity_, Matrix(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
     // ---- feed-forward (SwiGLU) ----
-    rms_norm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);                // (n, n_embd)
-    Mm(ggml_parity_, W(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);  // (n, n_ff)
-    Mm(ggml_parity_, W(lw.w_up), xb, n, ws->up.data(), mm, pool_);      // (n, n_ff)
+    rms_norm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);                     // (n, n_embd)
+    Mm(ggml_parity_, Matrix(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);  // (n, n_ff)
+    Mm(ggml_parity_, Matrix(lw.w_up), xb, n, ws->up.data(), mm, pool_);      // (n, n_ff)
     if (ggml_parity_) {
       ops::SwiGluGgml(ws->gate.data(), ws->up.data(), n, hp.n_ff, ws->gate.data());
     } else {
       ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
     }
-    Mm(ggml_parity_, W(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
+    Mm(ggml_parity_, Matrix(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm,
+       pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
   }
   Return(std::move(ws));
@@ -234,7 +279,7 @@ void LlamaShard::Logits(const float* hidden_row, float* logits) const {
   std::unique_ptr<Workspace> ws = Acquire(1);
   (ggml_parity_ ? ops::RmsNormGgml : ops::RmsNorm)(
       hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps, ws->xb.data());
-  Mm(ggml_parity_, W(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);
+  Mm(ggml_parity_, Matrix(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);
   Return(std::move(ws));
 }
 
@@ -246,7 +291,8 @@ void LlamaShard::LogitsRows(const float* hidden_rows, int64_t n, float* logits) 
   std::unique_ptr<Workspace> ws = Acquire(n);
   ops::RmsNorm(hidden_rows, weights_.output_norm(), n, hparams_.n_embd, hparams_.rms_eps,
                ws->xb.data());
-  ops::MatMul(W(weights_.output()), ws->xb.data(), n, logits, ws->mm.data(), pool_);  // (n, vocab)
+  ops::MatMul(Matrix(weights_.output()), ws->xb.data(), n, logits, ws->mm.data(),
+              pool_);  // (n, vocab)
   Return(std::move(ws));
 }
 

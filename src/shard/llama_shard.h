@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "arch/architecture.h"
@@ -30,6 +31,7 @@
 #include "kv/recipe.h"
 #include "model/hparams.h"
 #include "model/weights.h"
+#include "ops/matmul.h"
 #include "shard/boundary.h"
 #include "util/mutex.h"
 
@@ -97,6 +99,11 @@ class LlamaShard {
                    bool check_cancel) const;
   void Attend(Workspace& ws, const model::LayerWeights& lw,
               std::span<const BatchSlice> slices) const;
+  // m as a matmul operand, with its packed layout when it has one.
+  ops::WeightMatrix Matrix(const model::MatrixView& m) const;
+  // Packs the matrices ops::PackWeights has a layout for (not in ggml parity
+  // mode, whose matmuls read the GGUF layout).
+  void PackMatrices();
   std::unique_ptr<Workspace> Acquire(int64_t n_tokens) const;
   void Return(std::unique_ptr<Workspace> ws) const;
 
@@ -107,6 +114,13 @@ class LlamaShard {
   ThreadPool* pool_;
   bool ggml_parity_;
   std::vector<std::pair<GgmlType, int64_t>> matmul_shapes_;
+  struct FreeAligned {
+    void operator()(uint8_t* p) const;
+  };
+  // Packed copies of matrices, keyed by their GGUF data (immutable after
+  // construction). Their GGUF pages are then not read again.
+  std::vector<std::unique_ptr<uint8_t[], FreeAligned>> packed_store_;
+  std::unordered_map<const void*, const void*> packed_;
   mutable Mutex ws_mu_;
   mutable std::vector<std::unique_ptr<Workspace>> free_ws_ GUARDED_BY(ws_mu_);
 };
