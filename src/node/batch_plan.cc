@@ -81,4 +81,12 @@ int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const Decod
   return std::clamp(static_cast<int64_t>(std::min(rows, 1e9)), floor, all);
 }
 
+double RegroupWait(const RegroupState& s, const BatchOptions& o) {
+  if (s.back >= s.expected || s.pending >= o.max_batch_sessions || s.last_batch_s <= 0) return 0;
+  const double bound = kRegroupShare * s.last_batch_s;
+  if (s.lag_s < 0) return bound;
+  if (s.lag_s > bound) return 0;
+  return std::min(bound, 2 * s.lag_s + 20e-6);
+}
+
 }  // namespace meshnet::node

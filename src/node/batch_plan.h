@@ -77,4 +77,25 @@ struct DecodeLoad {
 // max_batch_tokens.
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
 
+// Regrouping (adaptive, no fixed waiting window). The decode sessions of the
+// batch that just ended usually come straight back (their callers commit,
+// sample and send the next token). A batch formed before they do holds only
+// the others, and the sessions settle into groups that take turns, each group
+// paying a whole pass over the weights for its few rows. So the next leader
+// waits for them, but only while that is cheap next to a batch.
+struct RegroupState {
+  int64_t expected = 0;     // decode sessions of the last batch that ended
+  int64_t back = 0;         // of those, steps queued again since
+  int64_t pending = 0;      // steps queued now (the leader's own included)
+  double lag_s = -1;        // moving average of their time to come back (<0: none yet)
+  double last_batch_s = 0;  // the last batch's forward pass
+};
+// The longest wait after the last batch ended (seconds; 0: start now): none
+// when all are back, the batch is full, or they come back slower than
+// kRegroupShare of a batch; else up to twice their usual lag (plus 20 us of
+// scheduling slack), and never more than kRegroupShare of a batch. A lone
+// session is always back (its own step is the one queued): it never waits.
+inline constexpr double kRegroupShare = 0.25;
+double RegroupWait(const RegroupState& s, const BatchOptions& o);
+
 }  // namespace meshnet::node

@@ -126,6 +126,38 @@ TEST(BatchCosts, PromptRowCostFollowsRecentBatches) {
   EXPECT_NEAR(alone.PromptRowSeconds(), 0.05, 1e-12);
 }
 
+// The next leader waits for the last batch's sessions only while it is cheap.
+TEST(RegroupWait, WaitsBrieflyForSessionsThatComeStraightBack) {
+  const BatchOptions o{.max_batch_sessions = 16};
+  // 8 of 16 sessions are queued, the other 8 just finished a 4 ms batch and
+  // usually come back within 50 us: wait up to 120 us.
+  RegroupState s{.expected = 8, .back = 0, .pending = 8, .lag_s = 50e-6, .last_batch_s = 0.004};
+  EXPECT_NEAR(RegroupWait(s, o), 120e-6, 1e-12);
+  // Never more than a quarter of a batch.
+  s.lag_s = 0.0009;
+  EXPECT_NEAR(RegroupWait(s, o), 0.001, 1e-12);
+  // No lag seen yet: the quarter batch.
+  s.lag_s = -1;
+  EXPECT_NEAR(RegroupWait(s, o), 0.001, 1e-12);
+  // They come back slower than that (a pipelined route: the other nodes'
+  // steps are in between): start now.
+  s.lag_s = 0.0011;
+  EXPECT_EQ(RegroupWait(s, o), 0);
+  s.lag_s = 50e-6;
+  // All back, or the batch already full: start now.
+  s.back = 8;
+  EXPECT_EQ(RegroupWait(s, o), 0);
+  s.back = 3;
+  s.pending = 16;
+  EXPECT_EQ(RegroupWait(s, o), 0);
+  // A lone session: its own step is the one queued.
+  EXPECT_EQ(RegroupWait(
+                {.expected = 1, .back = 1, .pending = 1, .lag_s = 1e-6, .last_batch_s = 0.002}, o),
+            0);
+  // Nothing measured yet.
+  EXPECT_EQ(RegroupWait({.expected = 4, .pending = 4}, o), 0);
+}
+
 TEST(BatchOptions, ShortPromptRange) {
   EXPECT_NO_THROW(BatchOptions{.short_prompt = 0}.Validate());
   EXPECT_THROW(BatchOptions{.short_prompt = -1}.Validate(), Error);

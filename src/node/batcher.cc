@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "shard/step_cancel.h"
@@ -68,6 +69,7 @@ void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
   {
     MutexLock lock(&mu_);
     PushLocked(&self);
+    NoteReturnLocked(session_id);
     queued_.SignalAll();
     while (!self.finished) {
       if (!running_ && !held_) {
@@ -83,6 +85,7 @@ void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
 void Batcher::LeadLocked(Item& self) {
   running_ = true;
   while (!self.finished && !held_ && head_ != nullptr) {
+    RegroupLocked();
     FormLocked();
     if (batch_.empty()) continue;  // every step formed was cancelled
     mu_.Unlock();
@@ -163,6 +166,16 @@ void Batcher::CompleteLocked(double seconds) {
     }
   }
   costs_.Add(decoders, rows - decoders, seconds);
+  returning_.clear();
+  for (Item* it : batch_) {
+    if (it->finished && !it->error && IsDecode(*it->step)) {
+      returning_.push_back(std::hash<std::string_view>()(it->session_id));
+    }
+  }
+  regroup_.expected = static_cast<int64_t>(returning_.size());
+  regroup_.back = 0;
+  regroup_.last_batch_s = seconds;
+  ended_at_ = Clock::now();
   if (decoders > 0) {
     last_decode_ = Clock::now();
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
@@ -170,6 +183,31 @@ void Batcher::CompleteLocked(double seconds) {
   }
   CountBatch(rows, static_cast<int64_t>(batch_.size()), seconds);
   batch_.clear();
+}
+
+void Batcher::NoteReturnLocked(std::string_view session_id) {
+  if (regroup_.back >= regroup_.expected) return;
+  const uint64_t h = std::hash<std::string_view>()(session_id);
+  for (uint64_t& r : returning_) {
+    if (r != h) continue;
+    r = 0;  // counted once
+    ++regroup_.back;
+    const double lag = std::chrono::duration<double>(Clock::now() - ended_at_).count();
+    regroup_.lag_s = regroup_.lag_s < 0 ? lag : 0.8 * regroup_.lag_s + 0.2 * lag;
+    return;
+  }
+}
+
+void Batcher::RegroupLocked() {
+  regroup_.pending = pending_;
+  const double wait = RegroupWait(regroup_, options_);
+  if (wait <= 0) return;
+  const Clock::time_point until =
+      ended_at_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
+  while (regroup_.back < regroup_.expected && !held_ && pending_ < options_.max_batch_sessions &&
+         Clock::now() < until) {
+    queued_.WaitUntil(until);
+  }
 }
 
 void Batcher::CountBatch(int64_t rows, int64_t steps, double seconds) {

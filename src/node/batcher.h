@@ -12,6 +12,10 @@
 // the others.
 //
 // Scheduling (no fixed waiting window):
+//  * regrouping: the leader of the next batch waits for the decode sessions
+//    the last batch finished to queue their next step, only as long as
+//    RegroupWait (node/batch_plan.h) allows: twice their measured time to
+//    come back, at most a quarter of a batch, never for a lone session;
 //  * leader/follower: a caller that finds no batch running runs the batch
 //    itself, for everything pending, on its own thread (a lone session pays
 //    no thread hop and no wait). Others wait for their rows. When the
@@ -164,6 +168,16 @@ class Batcher {
   BatchCosts costs_ GUARDED_BY(mu_);
   Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
   double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
+  // Regrouping (RegroupWait): the decode sessions the last batch finished (id
+  // hashes; storage reused), how many are queued again, when it ended, their
+  // usual time to come back.
+  std::vector<uint64_t> returning_ GUARDED_BY(mu_);
+  RegroupState regroup_ GUARDED_BY(mu_);
+  Clock::time_point ended_at_ GUARDED_BY(mu_){};
+  // Waits (bounded by RegroupWait) for the last batch's sessions to queue again.
+  void RegroupLocked() REQUIRES(mu_);
+  // A step of `session_id` was queued: counts it if it is one of those.
+  void NoteReturnLocked(std::string_view session_id) REQUIRES(mu_);
 };
 
 }  // namespace meshnet::node
