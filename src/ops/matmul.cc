@@ -97,15 +97,16 @@ size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols) {
 }
 
 size_t PackedWeightBytes(const WeightMatrix& w) {
-  if (w.rows < 16 || w.cols % 32 != 0 || !internal::PackedSupported(w.type)) return 0;
-  return static_cast<size_t>(w.rows / 16 * (w.cols / 32) * internal::kPackedQ8Block);
+  if (w.rows < 16 || !internal::PackedSupported(w.type)) return 0;
+  return static_cast<size_t>(w.rows / 16 * internal::PackedGroupBytes(w.type, w.cols));
 }
 
-void PackWeights(const WeightMatrix& w, void* out) {
+namespace {
+
+void PackQ8_0(const WeightMatrix& w, uint8_t* dst) {
   const int64_t nb = w.cols / 32;
   const size_t row_bytes = RowBytes(w.type, w.cols);
   const auto* src = static_cast<const uint8_t*>(w.data);
-  auto* dst = static_cast<uint8_t*>(out);
   for (int64_t g = 0; g < w.rows / 16; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* blk = dst + (g * nb + b) * internal::kPackedQ8Block;
@@ -120,6 +121,47 @@ void PackWeights(const WeightMatrix& w, void* out) {
       }
     }
   }
+}
+
+// Q4_K (block_q4_K: d, dmin, 12 scale bytes, 128 nibble bytes: 32-block 2k's
+// codes in the low nibbles of bytes 32k..32k+31, 2k+1's in the high ones).
+void PackQ4_K(const WeightMatrix& w, uint8_t* dst) {
+  const int64_t ns = w.cols / 256;
+  const size_t row_bytes = RowBytes(w.type, w.cols);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t g = 0; g < w.rows / 16; ++g) {
+    for (int64_t sb = 0; sb < ns; ++sb) {
+      uint8_t* blk = dst + (g * ns + sb) * internal::kPackedQ4KBlock;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t* q = src + static_cast<size_t>(g * 16 + i) * row_bytes + sb * 144;
+        for (int j = 0; j < 8; ++j) {
+          auto code = [&](int e) {  // element e of 32-block j
+            const uint8_t byte = q[16 + 32 * (j / 2) + e];
+            return static_cast<uint8_t>(j % 2 == 0 ? byte & 0xF : byte >> 4);
+          };
+          for (int c = 0; c < 4; ++c) {
+            for (int k = 0; k < 4; ++k) {
+              blk[256 * j + 64 * c + 4 * i + k] =
+                  static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
+            }
+          }
+          uint8_t sc, m;
+          Q4KScaleMin(j, q + 4, &sc, &m);
+          blk[2048 + 16 * j + i] = sc;
+          blk[2048 + 128 + 16 * j + i] = m;
+        }
+        std::memcpy(blk + 2048 + 256 + 2 * i, q, 2);           // d
+        std::memcpy(blk + 2048 + 256 + 32 + 2 * i, q + 2, 2);  // dmin
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PackWeights(const WeightMatrix& w, void* out) {
+  if (w.type == GgmlType::kQ8_0) return PackQ8_0(w, static_cast<uint8_t*>(out));
+  if (w.type == GgmlType::kQ4_K) return PackQ4_K(w, static_cast<uint8_t*>(out));
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,

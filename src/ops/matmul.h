@@ -53,13 +53,14 @@ struct WeightMatrix {
   const void* packed = nullptr;
 };
 
-// Packed weights: Q8_0 rows interleaved 16 at a time so that one AVX512-VNNI
-// instruction multiplies 4 columns of 16 rows by a token's 4 activations,
-// and each block's scale and convert serve 16 rows at once (the layout is
-// internal: matmul_kernels.h kPackedQ8Block). Same results as the unpacked
-// kernels up to float summation order. 0 when this machine's best kernels
-// have no packed layout for the type (anything but Q8_0 today, CPUs without
-// AVX512-VNNI) or the matrix has fewer than 16 rows.
+// Packed weights: Q8_0 and Q4_K rows interleaved 16 at a time so that one
+// AVX512-VNNI instruction multiplies 4 columns of 16 rows by a token's 4
+// activations, and each block's scales and convert serve 16 rows at once (the
+// layouts are internal: matmul_kernels.h kPackedQ8Block, kPackedQ4KBlock).
+// Same results as the unpacked kernels up to float summation order (the
+// integer sums are the same). 0 when this machine's best kernels have no
+// packed layout for the type (other types, CPUs without AVX512-VNNI) or the
+// matrix has fewer than 16 rows.
 size_t PackedWeightBytes(const WeightMatrix& w);
 // Writes PackedWeightBytes(w) bytes to `out` (64-byte aligned).
 void PackWeights(const WeightMatrix& w, void* out);

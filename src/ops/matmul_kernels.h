@@ -47,6 +47,18 @@ bool PackedSupported(GgmlType type);
 // code bytes (lane i: row i's codes 4c..4c+3), the 16 f16 scales, the 16
 // int16 code sums.
 inline constexpr int64_t kPackedQ8Block = 8 * 64 + 32 + 32;
+// The bytes of one packed 256-column super-block of 16 Q4_K rows: per 32-block
+// j, 4 vectors of 64 bytes (lane i: row i's codes of columns 8c..8c+3 in the
+// low nibbles, 8c+4..8c+7 in the high ones); then the 16 rows' 6-bit scales of
+// the 8 blocks (16 bytes per block), their mins the same, the 16 f16 d, the
+// 16 f16 dmin.
+inline constexpr int64_t kPackedQ4KBlock = 8 * 256 + 128 + 128 + 32 + 32;
+// The bytes of one packed group of 16 rows of `cols` columns (0: no layout).
+inline int64_t PackedGroupBytes(GgmlType type, int64_t cols) {
+  if (type == GgmlType::kQ8_0) return cols / 32 * kPackedQ8Block;
+  if (type == GgmlType::kQ4_K) return cols / 256 * kPackedQ4KBlock;
+  return 0;
+}
 
 // out[i] = x[i] rounded to f16 (nearest even), as float.
 void RoundToF16(const float* x, int64_t n, float* out);

@@ -338,6 +338,107 @@ HWY_INLINE void KPairBlocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>
   [&]<int... P>(std::integer_sequence<int, P...>) { (pair(std::integral_constant<int, P>()), ...); }
   (std::make_integer_sequence<int, 4>());
 }
+
+// Q4_K packed 16 rows at a time (kPackedQ4KBlock per super-block): per
+// 32-block, one vpdpbusd per 4 columns and token for all 16 rows (the codes
+// unsigned, the token's 4 activation bytes broadcast), the 16 rows' sums times
+// their scales (vpmulld) summed exactly over the super-block, then one convert
+// and FMA by d * d_x, and the mins' term by FMA, as the unpacked tile does.
+// The mins' term of super-block s: dmin * m_j times the tokens' d*sum(q) of
+// 32-block j, off the accumulators.
+template <int T>
+HWY_INLINE void Q4KPackedMins(const uint8_t* blk, __m512 dmin, const float* const* xs, int64_t s,
+                              __m512* acc) {
+  for (int j = 0; j < 8; ++j) {
+    const __m512 mins = _mm512_mul_ps(
+        dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                  _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 2176 + 16 * j)))));
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fnmadd_ps(mins, _mm512_set1_ps(xs[t][s * 8 + j]), acc[t]);
+    }
+  }
+}
+
+template <int T>
+HWY_INLINE void Q4KPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
+                              float* y, int64_t y_stride) {
+  const int64_t nb = a.cols / 32;
+  const int8_t* xq[T];
+  const float* xd[T];
+  const float* xs[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.q8 + (t0 + t) * a.cols;
+    xd[t] = a.d + (t0 + t) * nb;
+    xs[t] = a.dxs + (t0 + t) * nb;
+  }
+  const __m512i nib = _mm512_set1_epi8(0xF);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < ns; ++s) {
+    const uint8_t* blk = group + s * kPackedQ4KBlock;
+    for (int k = 0; k < kPackedQ4KBlock; k += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kPackedQ4KBlock + k), _MM_HINT_T0);
+    }
+    __m512i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i dot[T];
+      for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_load_si512(blk + 256 * j + 64 * c);
+        const __m512i lo = _mm512_and_si512(v, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* x = xq[t] + s * 256 + 32 * j + 8 * c;
+          int32_t x0, x1;
+          std::memcpy(&x0, x, 4);
+          std::memcpy(&x1, x + 4, 4);
+          dot[t] = _mm512_dpbusd_epi32(dot[t], lo, _mm512_set1_epi32(x0));
+          dot[t] = _mm512_dpbusd_epi32(dot[t], hi, _mm512_set1_epi32(x1));
+        }
+      }
+      const __m512i sc = _mm512_cvtepu8_epi32(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 2048 + 16 * j)));
+      for (int t = 0; t < T; ++t)
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot[t], sc));
+    }
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 2304)));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 2336)));
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
+                               _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
+    }
+    Q4KPackedMins<T>(blk, dmin, xs, s, acc);
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
+}
+
+// Row groups [g_begin, g_end) x all tokens: tiles of 4 tokens, then one of the rest.
+HWY_INLINE void Q4KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
+                              const QuantActs& a, int64_t n_tokens, float* y) {
+  const int64_t ns = w.cols / 256;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * ns * kPackedQ4KBlock;
+    float* yg = y + g * 16;
+    int64_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) Q4KPackedTile<4>(group, ns, a, t, yg, w.rows);
+    switch (n_tokens - t) {
+      case 3:
+        Q4KPackedTile<3>(group, ns, a, t, yg, w.rows);
+        break;
+      case 2:
+        Q4KPackedTile<2>(group, ns, a, t, yg, w.rows);
+        break;
+      case 1:
+        Q4KPackedTile<1>(group, ns, a, t, yg, w.rows);
+        break;
+      default:
+        break;
+    }
+  }
+}
 #endif  // HWY_TARGET == HWY_AVX3_DL
 
 // The super-block sums and the tile's accumulators: 512-bit with block

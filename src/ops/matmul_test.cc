@@ -119,7 +119,7 @@ void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits
     if (packed) {
       // Sized and written whatever the current target (the layout is plain C++).
       packed_bytes.resize(
-          static_cast<size_t>(s.rows / 16 * (s.cols / 32) * internal::kPackedQ8Block) + 64);
+          static_cast<size_t>(s.rows / 16 * internal::PackedGroupBytes(type, s.cols)) + 64);
       void* at = packed_bytes.data() + (64 - reinterpret_cast<uintptr_t>(packed_bytes.data()) % 64);
       PackWeights(wt.w, at);
       wt.w.packed = at;
@@ -318,6 +318,17 @@ TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
 // Q8_0 packed 16 rows at a time: row counts around the groups of 16 (the
 // rest unpacked), token counts around the tiles of 8, codes at every byte
 // value (-128 included: the unsigned-activation correction must be exact).
+// Q4_K packed likewise: rows around 16, tokens around the tiles, every code,
+// scale and min (random bits).
+TEST(MatMul, PackedQ4_KMatchesReference) {
+  ForEachSimdTarget([] {
+    const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 256, 19},
+                                       {33, 768, 8}, {17, 256, 9}, {16, 512, 16}};
+    CheckType(GgmlType::kQ4_K, shapes, /*random_bits=*/false, /*packed=*/true);
+    CheckType(GgmlType::kQ4_K, shapes, /*random_bits=*/true, /*packed=*/true);
+  });
+}
+
 TEST(MatMul, PackedQ8_0MatchesReference) {
   ForEachSimdTarget([] {
     const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 64, 19}, {33, 96, 8},
