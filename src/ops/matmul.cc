@@ -157,11 +157,50 @@ void PackQ4_K(const WeightMatrix& w, uint8_t* dst) {
   }
 }
 
+// Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d): element e's
+// code is a nibble of ql and two bits of qh as GGML's dequantize_row_q6_K
+// reads them; its scale is scales[e / 16].
+void PackQ6_K(const WeightMatrix& w, uint8_t* dst) {
+  const int64_t ns = w.cols / 256;
+  const size_t row_bytes = RowBytes(w.type, w.cols);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  std::memset(dst, 0, static_cast<size_t>(w.rows / 16 * ns * internal::kPackedQ6KBlock));
+  for (int64_t g = 0; g < w.rows / 16; ++g) {
+    for (int64_t sb = 0; sb < ns; ++sb) {
+      uint8_t* blk = dst + (g * ns + sb) * internal::kPackedQ6KBlock;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t* q = src + static_cast<size_t>(g * 16 + i) * row_bytes + sb * 210;
+        auto code = [&](int e) {
+          const int n = e / 128, quarter = e % 128 / 32, l = e % 32;
+          const uint8_t ql = q[64 * n + l + 32 * (quarter & 1)];
+          const int lo = quarter < 2 ? ql & 0xF : ql >> 4;
+          const int hi = (q[128 + 32 * n + l] >> (2 * quarter)) & 3;
+          return lo | hi << 4;
+        };
+        for (int j = 0; j < 8; ++j) {
+          for (int c = 0; c < 8; ++c) {
+            for (int b = 0; b < 4; ++b) {
+              const int v = code(32 * j + 4 * c + b);
+              blk[384 * j + 64 * (c / 2) + 4 * i + b] |=
+                  static_cast<uint8_t>((v & 0xF) << (4 * (c % 2)));
+              blk[384 * j + 256 + 64 * (c / 4) + 4 * i + b] |=
+                  static_cast<uint8_t>((v >> 4) << (2 * (c % 4)));
+            }
+          }
+        }
+        for (int k = 0; k < 16; ++k) blk[3072 + 16 * k + i] = q[192 + k];
+        std::memcpy(blk + 3328 + 2 * i, q + 208, 2);  // d
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, void* out) {
   if (w.type == GgmlType::kQ8_0) return PackQ8_0(w, static_cast<uint8_t*>(out));
   if (w.type == GgmlType::kQ4_K) return PackQ4_K(w, static_cast<uint8_t*>(out));
+  if (w.type == GgmlType::kQ6_K) return PackQ6_K(w, static_cast<uint8_t*>(out));
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,

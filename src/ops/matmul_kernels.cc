@@ -338,14 +338,15 @@ void MatMulPackedRowsImpl(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
                           int64_t n_tokens, float* y) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
   if (w.type == GgmlType::kQ8_0) return Q8PackedRows(w, g_begin, g_end, a, n_tokens, y);
-  if (w.type == GgmlType::kQ4_K) return Q4KPackedRows(w, g_begin, g_end, a, n_tokens, y);
+  if (w.type == GgmlType::kQ4_K) return KPackedRows<Q4KPacked>(w, g_begin, g_end, a, n_tokens, y);
+  if (w.type == GgmlType::kQ6_K) return KPackedRows<Q6KPacked>(w, g_begin, g_end, a, n_tokens, y);
 #endif
   MatMulQuantRowsImpl(w, g_begin * 16, g_end * 16, a, n_tokens, y);
 }
 
 bool PackedSupportedImpl(GgmlType type) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
-  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K;
+  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K;
 #else
   return false;
 #endif

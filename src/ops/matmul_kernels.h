@@ -53,10 +53,18 @@ inline constexpr int64_t kPackedQ8Block = 8 * 64 + 32 + 32;
 // the 8 blocks (16 bytes per block), their mins the same, the 16 f16 d, the
 // 16 f16 dmin.
 inline constexpr int64_t kPackedQ4KBlock = 8 * 256 + 128 + 128 + 32 + 32;
+// The bytes of one packed 256-column super-block of 16 Q6_K rows: per 32-block
+// j, 4 vectors of 64 bytes of the codes' low nibbles (as Q4_K's) and 2 of
+// their top 2 bits (lane i: row i; vector u holds chunks 4u..4u+3, chunk
+// 4u+k's bits at bit 2k of each byte); then the 16 rows' int8 scales of the
+// 16 sub-blocks (16 bytes per sub-block), the 16 f16 d, and 32 bytes of
+// padding that keep every block 64-byte aligned (3,392 bytes; 3,360 in GGUF).
+inline constexpr int64_t kPackedQ6KBlock = 8 * 384 + 256 + 32 + 32;
 // The bytes of one packed group of 16 rows of `cols` columns (0: no layout).
 inline int64_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (type == GgmlType::kQ8_0) return cols / 32 * kPackedQ8Block;
   if (type == GgmlType::kQ4_K) return cols / 256 * kPackedQ4KBlock;
+  if (type == GgmlType::kQ6_K) return cols / 256 * kPackedQ6KBlock;
   return 0;
 }
 

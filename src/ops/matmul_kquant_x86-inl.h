@@ -415,24 +415,134 @@ HWY_INLINE void Q4KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
 }
 
+// Q6_K's 64 code bytes of chunks c0 = 2m and 2m + 1 of a 32-block from the
+// nibble vector nv and the top-bits vector hv (chunk k of hv at bits 2k):
+// *c0 and *c1, codes 0..63.
+template <int kM>
+HWY_INLINE void Q6KCodes(__m512i nv, __m512i hv, __m512i* c0, __m512i* c1) {
+  const __m512i nib = _mm512_set1_epi8(0xF), top = _mm512_set1_epi8(0x30);
+  auto bits = [&](auto k) {  // chunk k's two bits moved to bits 4-5
+    if constexpr (decltype(k)::value < 2) return _mm512_slli_epi16(hv, 4 - 2 * decltype(k)::value);
+    if constexpr (decltype(k)::value == 2) return hv;
+    if constexpr (decltype(k)::value == 3) return _mm512_srli_epi16(hv, 2);
+  };
+  *c0 = _mm512_or_si512(_mm512_and_si512(nv, nib),
+                        _mm512_and_si512(bits(std::integral_constant<int, 2 * (kM % 2)>()), top));
+  *c1 =
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(nv, 4), nib),
+                      _mm512_and_si512(bits(std::integral_constant<int, 2 * (kM % 2) + 1>()), top));
+}
+
+// The 32 * d * scale offsets of super-block s's 16 sub-blocks times the
+// tokens' per-16-block d*sum(q), off the accumulators (as KQ6_K's offset term).
+template <int T>
+HWY_INLINE void Q6KPackedOffsets(const uint8_t* blk, __m512 d, const float* const* xs16, int64_t s,
+                                 __m512* acc) {
+  const __m512 d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0f));
+  for (int k = 0; k < 16; ++k) {
+    const __m512 off = _mm512_mul_ps(
+        d32, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                 _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * k)))));
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fnmadd_ps(off, _mm512_set1_ps(xs16[t][s * 16 + k]), acc[t]);
+    }
+  }
+}
+
+// Q6_K packed 16 rows at a time (kPackedQ6KBlock per super-block): per
+// 16-column sub-block, 4 vpdpbusd per token for all 16 rows, the sums times
+// the rows' int8 scales summed exactly over the super-block, then d * d_x,
+// and the code offset 32 through the activations' sums.
+template <int T>
+HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
+                              float* y, int64_t y_stride) {
+  const int8_t* xq[T];
+  const float* xd[T];
+  const float* xs16[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.q8 + (t0 + t) * a.cols;
+    xd[t] = a.d + (t0 + t) * (a.cols / 32);
+    xs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
+  }
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < ns; ++s) {
+    const uint8_t* blk = group + s * kPackedQ6KBlock;
+    for (int k = 0; k < kPackedQ6KBlock; k += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kPackedQ6KBlock + k), _MM_HINT_T0);
+    }
+    __m512i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* sub = blk + 384 * j;
+      auto half = [&]<int kH>(std::integral_constant<int, kH>) {  // chunks 4kH..4kH+3
+        const __m512i hv = _mm512_load_si512(sub + 256 + 64 * kH);
+        __m512i c[4];
+        Q6KCodes<0>(_mm512_load_si512(sub + 64 * (2 * kH)), hv, &c[0], &c[1]);
+        Q6KCodes<1>(_mm512_load_si512(sub + 64 * (2 * kH + 1)), hv, &c[2], &c[3]);
+        const __m512i sc = _mm512_cvtepi8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * (2 * j + kH))));
+        for (int t = 0; t < T; ++t) {
+          const int8_t* x = xq[t] + s * 256 + 32 * j + 16 * kH;
+          __m512i dot = _mm512_setzero_si512();
+          for (int k = 0; k < 4; ++k) {
+            int32_t x4;
+            std::memcpy(&x4, x + 4 * k, 4);
+            dot = _mm512_dpbusd_epi32(dot, c[k], _mm512_set1_epi32(x4));
+          }
+          isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, sc));
+        }
+      };
+      half(std::integral_constant<int, 0>());
+      half(std::integral_constant<int, 1>());
+    }
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 3328)));
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
+                               _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
+    }
+    Q6KPackedOffsets<T>(blk, d, xs16, s, acc);
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
+}
+
+struct Q4KPacked {
+  static constexpr int64_t kBlock = kPackedQ4KBlock;
+  template <int T>
+  static HWY_INLINE void Tile(const uint8_t* g, int64_t ns, const QuantActs& a, int64_t t0,
+                              float* y, int64_t stride) {
+    Q4KPackedTile<T>(g, ns, a, t0, y, stride);
+  }
+};
+struct Q6KPacked {
+  static constexpr int64_t kBlock = kPackedQ6KBlock;
+  template <int T>
+  static HWY_INLINE void Tile(const uint8_t* g, int64_t ns, const QuantActs& a, int64_t t0,
+                              float* y, int64_t stride) {
+    Q6KPackedTile<T>(g, ns, a, t0, y, stride);
+  }
+};
+
 // Row groups [g_begin, g_end) x all tokens: tiles of 4 tokens, then one of the rest.
-HWY_INLINE void Q4KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
-                              const QuantActs& a, int64_t n_tokens, float* y) {
+template <class P>
+HWY_INLINE void KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
+                            const QuantActs& a, int64_t n_tokens, float* y) {
   const int64_t ns = w.cols / 256;
   for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * ns * kPackedQ4KBlock;
+    const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * ns * P::kBlock;
     float* yg = y + g * 16;
     int64_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) Q4KPackedTile<4>(group, ns, a, t, yg, w.rows);
+    for (; t + 4 <= n_tokens; t += 4) P::template Tile<4>(group, ns, a, t, yg, w.rows);
     switch (n_tokens - t) {
       case 3:
-        Q4KPackedTile<3>(group, ns, a, t, yg, w.rows);
+        P::template Tile<3>(group, ns, a, t, yg, w.rows);
         break;
       case 2:
-        Q4KPackedTile<2>(group, ns, a, t, yg, w.rows);
+        P::template Tile<2>(group, ns, a, t, yg, w.rows);
         break;
       case 1:
-        Q4KPackedTile<1>(group, ns, a, t, yg, w.rows);
+        P::template Tile<1>(group, ns, a, t, yg, w.rows);
         break;
       default:
         break;

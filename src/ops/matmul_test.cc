@@ -329,6 +329,15 @@ TEST(MatMul, PackedQ4_KMatchesReference) {
   });
 }
 
+TEST(MatMul, PackedQ6_KMatchesReference) {
+  ForEachSimdTarget([] {
+    const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 256, 19},
+                                       {33, 768, 8}, {17, 256, 9}, {16, 512, 16}};
+    CheckType(GgmlType::kQ6_K, shapes, /*random_bits=*/false, /*packed=*/true);
+    CheckType(GgmlType::kQ6_K, shapes, /*random_bits=*/true, /*packed=*/true);
+  });
+}
+
 TEST(MatMul, PackedQ8_0MatchesReference) {
   ForEachSimdTarget([] {
     const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 64, 19}, {33, 96, 8},
