@@ -41,8 +41,10 @@ void ForRows(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_chunk) {
 // The packed rows in groups of 16 over the pool, the rest as usual.
 void MatMulPacked(const WeightMatrix& w, const internal::QuantActs& acts, int64_t n_tokens,
                   float* y, ThreadPool* pool) {
-  const int64_t n = n_tokens * w.cols;
-  for (int64_t i = 0; i < n; ++i) acts.u8[i] = static_cast<uint8_t>(acts.q8[i]) ^ 0x80;
+  if (w.type == GgmlType::kQ8_0) {  // its packed tile reads the activations as unsigned
+    const int64_t n = n_tokens * w.cols;
+    for (int64_t i = 0; i < n; ++i) acts.u8[i] = static_cast<uint8_t>(acts.q8[i]) ^ 0x80;
+  }
   const int64_t groups = w.rows / 16;
   ForRows(
       pool, groups,
@@ -103,101 +105,103 @@ size_t PackedWeightBytes(const WeightMatrix& w) {
 
 namespace {
 
-void PackQ8_0(const WeightMatrix& w, uint8_t* dst) {
-  const int64_t nb = w.cols / 32;
+// Calls fn(blk, i, src) for each packed block of 16 rows and `cols_per_block`
+// columns: blk its bytes in `dst` (`packed_block` each, groups in order),
+// i in [0, 16) a row of the group, src that row's GGUF block.
+template <class Fn>
+void ForPackedBlocks(const WeightMatrix& w, int64_t cols_per_block, int64_t packed_block,
+                     uint8_t* dst, Fn&& fn) {
+  const int64_t nb = w.cols / cols_per_block;
   const size_t row_bytes = RowBytes(w.type, w.cols);
+  const size_t src_block = RowBytes(w.type, cols_per_block);
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = 0; g < w.rows / 16; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* blk = dst + (g * nb + b) * internal::kPackedQ8Block;
+      uint8_t* blk = dst + (g * nb + b) * packed_block;
       for (int i = 0; i < 16; ++i) {
-        const uint8_t* block = src + static_cast<size_t>(g * 16 + i) * row_bytes + b * 34;
-        for (int c = 0; c < 8; ++c) std::memcpy(blk + 64 * c + 4 * i, block + 2 + 4 * c, 4);
-        std::memcpy(blk + 512 + 2 * i, block, 2);  // the f16 scale
-        int16_t sum = 0;
-        for (int k = 0; k < 32; ++k)
-          sum = static_cast<int16_t>(sum + static_cast<int8_t>(block[2 + k]));
-        std::memcpy(blk + 544 + 2 * i, &sum, 2);
+        fn(blk, i, src + static_cast<size_t>(g * 16 + i) * row_bytes + b * src_block);
       }
     }
   }
+}
+
+void PackQ8_0(const WeightMatrix& w, uint8_t* dst) {
+  ForPackedBlocks(w, 32, internal::kPackedQ8Block, dst,
+                  [](uint8_t* blk, int i, const uint8_t* block) {
+                    for (int c = 0; c < 8; ++c) {
+                      std::memcpy(blk + 64 * c + 4 * i, block + 2 + 4 * c, 4);
+                    }
+                    std::memcpy(blk + 512 + 2 * i, block, 2);  // the f16 scale
+                    int16_t sum = 0;
+                    for (int k = 0; k < 32; ++k) {
+                      sum = static_cast<int16_t>(sum + static_cast<int8_t>(block[2 + k]));
+                    }
+                    std::memcpy(blk + 544 + 2 * i, &sum, 2);
+                  });
 }
 
 // Q4_K (block_q4_K: d, dmin, 12 scale bytes, 128 nibble bytes: 32-block 2k's
 // codes in the low nibbles of bytes 32k..32k+31, 2k+1's in the high ones).
 void PackQ4_K(const WeightMatrix& w, uint8_t* dst) {
-  const int64_t ns = w.cols / 256;
-  const size_t row_bytes = RowBytes(w.type, w.cols);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  for (int64_t g = 0; g < w.rows / 16; ++g) {
-    for (int64_t sb = 0; sb < ns; ++sb) {
-      uint8_t* blk = dst + (g * ns + sb) * internal::kPackedQ4KBlock;
-      for (int i = 0; i < 16; ++i) {
-        const uint8_t* q = src + static_cast<size_t>(g * 16 + i) * row_bytes + sb * 144;
-        for (int j = 0; j < 8; ++j) {
-          auto code = [&](int e) {  // element e of 32-block j
-            const uint8_t byte = q[16 + 32 * (j / 2) + e];
-            return static_cast<uint8_t>(j % 2 == 0 ? byte & 0xF : byte >> 4);
-          };
-          for (int c = 0; c < 4; ++c) {
-            for (int k = 0; k < 4; ++k) {
-              blk[256 * j + 64 * c + 4 * i + k] =
-                  static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
-            }
-          }
-          uint8_t sc, m;
-          Q4KScaleMin(j, q + 4, &sc, &m);
-          blk[2048 + 16 * j + i] = sc;
-          blk[2048 + 128 + 16 * j + i] = m;
-        }
-        std::memcpy(blk + 2048 + 256 + 2 * i, q, 2);           // d
-        std::memcpy(blk + 2048 + 256 + 32 + 2 * i, q + 2, 2);  // dmin
-      }
-    }
-  }
+  ForPackedBlocks(w, 256, internal::kPackedQ4KBlock, dst,
+                  [](uint8_t* blk, int i, const uint8_t* q) {
+                    for (int j = 0; j < 8; ++j) {
+                      auto code = [&](int e) {  // element e of 32-block j
+                        const uint8_t byte = q[16 + 32 * (j / 2) + e];
+                        return static_cast<uint8_t>(j % 2 == 0 ? byte & 0xF : byte >> 4);
+                      };
+                      for (int c = 0; c < 4; ++c) {
+                        for (int k = 0; k < 4; ++k) {
+                          blk[256 * j + 64 * c + 4 * i + k] =
+                              static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
+                        }
+                      }
+                      uint8_t sc, m;
+                      Q4KScaleMin(j, q + 4, &sc, &m);
+                      blk[2048 + 16 * j + i] = sc;
+                      blk[2048 + 128 + 16 * j + i] = m;
+                    }
+                    std::memcpy(blk + 2048 + 256 + 2 * i, q, 2);           // d
+                    std::memcpy(blk + 2048 + 256 + 32 + 2 * i, q + 2, 2);  // dmin
+                  });
 }
 
 // Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d): element e's
 // code is a nibble of ql and two bits of qh as GGML's dequantize_row_q6_K
-// reads them; its scale is scales[e / 16].
+// reads them; its scale is scales[e / 16]. The bits are OR-ed into `dst`,
+// which PackWeights zeroed.
 void PackQ6_K(const WeightMatrix& w, uint8_t* dst) {
-  const int64_t ns = w.cols / 256;
-  const size_t row_bytes = RowBytes(w.type, w.cols);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  std::memset(dst, 0, static_cast<size_t>(w.rows / 16 * ns * internal::kPackedQ6KBlock));
-  for (int64_t g = 0; g < w.rows / 16; ++g) {
-    for (int64_t sb = 0; sb < ns; ++sb) {
-      uint8_t* blk = dst + (g * ns + sb) * internal::kPackedQ6KBlock;
-      for (int i = 0; i < 16; ++i) {
-        const uint8_t* q = src + static_cast<size_t>(g * 16 + i) * row_bytes + sb * 210;
-        auto code = [&](int e) {
-          const int n = e / 128, quarter = e % 128 / 32, l = e % 32;
-          const uint8_t ql = q[64 * n + l + 32 * (quarter & 1)];
-          const int lo = quarter < 2 ? ql & 0xF : ql >> 4;
-          const int hi = (q[128 + 32 * n + l] >> (2 * quarter)) & 3;
-          return lo | hi << 4;
-        };
-        for (int j = 0; j < 8; ++j) {
-          for (int c = 0; c < 8; ++c) {
-            for (int b = 0; b < 4; ++b) {
-              const int v = code(32 * j + 4 * c + b);
-              blk[384 * j + 64 * (c / 2) + 4 * i + b] |=
-                  static_cast<uint8_t>((v & 0xF) << (4 * (c % 2)));
-              blk[384 * j + 256 + 64 * (c / 4) + 4 * i + b] |=
-                  static_cast<uint8_t>((v >> 4) << (2 * (c % 4)));
-            }
-          }
-        }
-        for (int k = 0; k < 16; ++k) blk[3072 + 16 * k + i] = q[192 + k];
-        std::memcpy(blk + 3328 + 2 * i, q + 208, 2);  // d
-      }
-    }
-  }
+  ForPackedBlocks(w, 256, internal::kPackedQ6KBlock, dst,
+                  [](uint8_t* blk, int i, const uint8_t* q) {
+                    auto code = [&](int e) {
+                      const int n = e / 128, quarter = e % 128 / 32, l = e % 32;
+                      const uint8_t ql = q[64 * n + l + 32 * (quarter & 1)];
+                      const int lo = quarter < 2 ? ql & 0xF : ql >> 4;
+                      const int hi = (q[128 + 32 * n + l] >> (2 * quarter)) & 3;
+                      return lo | hi << 4;
+                    };
+                    for (int j = 0; j < 8; ++j) {
+                      for (int c = 0; c < 8; ++c) {
+                        for (int b = 0; b < 4; ++b) {
+                          const int v = code(32 * j + 4 * c + b);
+                          blk[384 * j + 64 * (c / 2) + 4 * i + b] |=
+                              static_cast<uint8_t>((v & 0xF) << (4 * (c % 2)));
+                          blk[384 * j + 256 + 64 * (c / 4) + 4 * i + b] |=
+                              static_cast<uint8_t>((v >> 4) << (2 * (c % 4)));
+                        }
+                      }
+                    }
+                    for (int k = 0; k < 16; ++k) blk[3072 + 16 * k + i] = q[192 + k];
+                    std::memcpy(blk + 3328 + 2 * i, q + 208, 2);  // d
+                  });
 }
 
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, void* out) {
+  // The padding, and Q6_K's OR-ed bits, start from zero.
+  std::memset(out, 0,
+              static_cast<size_t>(w.rows / 16 * internal::PackedGroupBytes(w.type, w.cols)));
   if (w.type == GgmlType::kQ8_0) return PackQ8_0(w, static_cast<uint8_t*>(out));
   if (w.type == GgmlType::kQ4_K) return PackQ4_K(w, static_cast<uint8_t*>(out));
   if (w.type == GgmlType::kQ6_K) return PackQ6_K(w, static_cast<uint8_t*>(out));

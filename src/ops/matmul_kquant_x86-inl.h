@@ -376,9 +376,7 @@ HWY_INLINE void Q4KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
     const uint8_t* blk = group + s * kPackedQ4KBlock;
-    for (int k = 0; k < kPackedQ4KBlock; k += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kPackedQ4KBlock + k), _MM_HINT_T0);
-    }
+    PrefetchBytes(blk + kPackedQ4KBlock, kPackedQ4KBlock);
     __m512i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
@@ -468,9 +466,7 @@ HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
     const uint8_t* blk = group + s * kPackedQ6KBlock;
-    for (int k = 0; k < kPackedQ6KBlock; k += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kPackedQ6KBlock + k), _MM_HINT_T0);
-    }
+    PrefetchBytes(blk + kPackedQ6KBlock, kPackedQ6KBlock);
     __m512i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
@@ -531,22 +527,9 @@ HWY_INLINE void KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_en
   const int64_t ns = w.cols / 256;
   for (int64_t g = g_begin; g < g_end; ++g) {
     const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * ns * P::kBlock;
-    float* yg = y + g * 16;
-    int64_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) P::template Tile<4>(group, ns, a, t, yg, w.rows);
-    switch (n_tokens - t) {
-      case 3:
-        P::template Tile<3>(group, ns, a, t, yg, w.rows);
-        break;
-      case 2:
-        P::template Tile<2>(group, ns, a, t, yg, w.rows);
-        break;
-      case 1:
-        P::template Tile<1>(group, ns, a, t, yg, w.rows);
-        break;
-      default:
-        break;
-    }
+    TokenTiles<4>(n_tokens, [&](auto tile, int64_t t) {
+      P::template Tile<decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
+    });
   }
 }
 #endif  // HWY_TARGET == HWY_AVX3_DL
@@ -628,17 +611,9 @@ template <class F>
 void KQuantRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const QuantActs& a,
                 int64_t n_tokens, float* y) {
   for (int64_t r = r_begin; r < r_end; ++r) {
-    int64_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) KQuantTile<F, 4>(w, r, t, a, y);
-    if (n_tokens - t == 3) {
-      KQuantTile<F, 3>(w, r, t, a, y);
-      continue;
-    }
-    if (t + 2 <= n_tokens) {
-      KQuantTile<F, 2>(w, r, t, a, y);
-      t += 2;
-    }
-    if (t < n_tokens) KQuantTile<F, 1>(w, r, t, a, y);
+    TokenTiles<4>(n_tokens, [&](auto tile, int64_t t) {
+      KQuantTile<F, decltype(tile)::value>(w, r, t, a, y);
+    });
   }
 }
 

@@ -320,23 +320,16 @@ TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
 // value (-128 included: the unsigned-activation correction must be exact).
 // Q4_K packed likewise: rows around 16, tokens around the tiles, every code,
 // scale and min (random bits).
-TEST(MatMul, PackedQ4_KMatchesReference) {
-  ForEachSimdTarget([] {
+void CheckPackedKQuant(GgmlType type) {
+  ForEachSimdTarget([type] {
     const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 256, 19},
                                        {33, 768, 8}, {17, 256, 9}, {16, 512, 16}};
-    CheckType(GgmlType::kQ4_K, shapes, /*random_bits=*/false, /*packed=*/true);
-    CheckType(GgmlType::kQ4_K, shapes, /*random_bits=*/true, /*packed=*/true);
+    CheckType(type, shapes, /*random_bits=*/false, /*packed=*/true);
+    CheckType(type, shapes, /*random_bits=*/true, /*packed=*/true);
   });
 }
-
-TEST(MatMul, PackedQ6_KMatchesReference) {
-  ForEachSimdTarget([] {
-    const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 256, 19},
-                                       {33, 768, 8}, {17, 256, 9}, {16, 512, 16}};
-    CheckType(GgmlType::kQ6_K, shapes, /*random_bits=*/false, /*packed=*/true);
-    CheckType(GgmlType::kQ6_K, shapes, /*random_bits=*/true, /*packed=*/true);
-  });
-}
+TEST(MatMul, PackedQ4_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ4_K); }
+TEST(MatMul, PackedQ6_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ6_K); }
 
 TEST(MatMul, PackedQ8_0MatchesReference) {
   ForEachSimdTarget([] {

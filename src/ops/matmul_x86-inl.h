@@ -27,6 +27,7 @@
 #endif
 
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "hwy/highway.h"
@@ -106,6 +107,31 @@ HWY_INLINE __m256 Halves(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
 }
 #endif
+
+// Prefetches [p, p + n) into L1, a cache line at a time (packed tiles read
+// the blocks ahead of the one they compute).
+HWY_INLINE void PrefetchBytes(const uint8_t* p, int64_t n) {
+  for (int64_t k = 0; k < n; k += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + k), _MM_HINT_T0);
+  }
+}
+
+// Tokens [0, n) in tiles: tile(std::integral_constant<int, kMax>(), t0) for
+// each full tile of kMax tokens, then one tile of the 1 .. kMax-1 left (a
+// batch of 7 is 4 + 3, not 4 + 1 + 1 + 1: each tile decodes the codes again).
+template <int K, class Tile>
+HWY_INLINE void RestTile(int rest, Tile& tile, int64_t t0) {
+  if constexpr (K > 0) {
+    if (rest == K) return tile(std::integral_constant<int, K>(), t0);
+    RestTile<K - 1>(rest, tile, t0);
+  }
+}
+template <int kMax, class Tile>
+HWY_INLINE void TokenTiles(int64_t n, Tile&& tile) {
+  int64_t t = 0;
+  for (; t + kMax <= n; t += kMax) tile(std::integral_constant<int, kMax>(), t);
+  RestTile<kMax - 1>(static_cast<int>(n - t), tile, t);
+}
 
 // Activations of T tokens starting at t0.
 template <int T>

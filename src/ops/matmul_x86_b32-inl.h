@@ -278,9 +278,7 @@ HWY_INLINE void Q8PackedTile(const uint8_t* group, int64_t nb, const QuantActs& 
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kPackedQ8Block;
     // Four blocks ahead (2.3 KB): the group streams from DRAM in a batch.
-    for (int k = 0; k < kPackedQ8Block; k += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * kPackedQ8Block + k), _MM_HINT_T0);
-    }
+    PrefetchBytes(blk + 4 * kPackedQ8Block, kPackedQ8Block);
     __m512i sum[T];
     for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_si512();
     for (int c = 0; c < 8; ++c) {
@@ -309,34 +307,9 @@ HWY_INLINE void Q8PackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_e
   const int64_t nb = w.cols / 32;
   for (int64_t g = g_begin; g < g_end; ++g) {
     const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * nb * kPackedQ8Block;
-    float* yg = y + g * 16;
-    int64_t t = 0;
-    for (; t + 8 <= n_tokens; t += 8) Q8PackedTile<8>(group, nb, a, t, yg, w.rows);
-    switch (n_tokens - t) {
-      case 7:
-        Q8PackedTile<7>(group, nb, a, t, yg, w.rows);
-        break;
-      case 6:
-        Q8PackedTile<6>(group, nb, a, t, yg, w.rows);
-        break;
-      case 5:
-        Q8PackedTile<5>(group, nb, a, t, yg, w.rows);
-        break;
-      case 4:
-        Q8PackedTile<4>(group, nb, a, t, yg, w.rows);
-        break;
-      case 3:
-        Q8PackedTile<3>(group, nb, a, t, yg, w.rows);
-        break;
-      case 2:
-        Q8PackedTile<2>(group, nb, a, t, yg, w.rows);
-        break;
-      case 1:
-        Q8PackedTile<1>(group, nb, a, t, yg, w.rows);
-        break;
-      default:
-        break;
-    }
+    TokenTiles<8>(n_tokens, [&](auto tile, int64_t t) {
+      Q8PackedTile<decltype(tile)::value>(group, nb, a, t, y + g * 16, w.rows);
+    });
   }
 }
 
@@ -430,23 +403,13 @@ HWY_INLINE void B32AnyTile(const WeightMatrix& w, int64_t r0, int64_t t0, const 
 }
 #endif
 
-// R rows x all tokens: tiles of 4 tokens, then one tile of the 1-3 left (a
-// batch of 7 is 4 + 3, not 4 + 1 + 1 + 1: each tile decodes the codes again).
+// R rows x all tokens: tiles of 4 tokens, then one tile of the 1-3 left.
 template <class F, int R>
 HWY_INLINE void B32Tokens(const WeightMatrix& w, int64_t r0, const QuantActs& a, int64_t n_tokens,
                           float* y) {
-  int64_t t = 0;
-  for (; t + 4 <= n_tokens; t += 4) B32AnyTile<F, R, 4>(w, r0, t, a, y);
-  switch (n_tokens - t) {
-    case 3:
-      return B32AnyTile<F, R, 3>(w, r0, t, a, y);
-    case 2:
-      return B32AnyTile<F, R, 2>(w, r0, t, a, y);
-    case 1:
-      return B32AnyTile<F, R, 1>(w, r0, t, a, y);
-    default:
-      return;
-  }
+  TokenTiles<4>(n_tokens, [&](auto tile, int64_t t) {
+    B32AnyTile<F, R, decltype(tile)::value>(w, r0, t, a, y);
+  });
 }
 
 // Decode (one token) streams one row at a time, which the hardware

@@ -76,13 +76,9 @@ LlamaShard::LlamaShard(std::shared_ptr<const gguf::GgufFile> file, int start_lay
       ggml_parity_(ggml_parity) {
   // The (type, row length) of every matrix this shard multiplies: MatMul
   // scratch is sized for the largest of them.
-  auto take = [&](const model::MatrixView& m) {
-    if (m.data != nullptr) matmul_shapes_.emplace_back(m.type, m.cols);
-  };
-  for (const auto& l : weights_.layers()) {
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) take(*m);
+  for (const model::MatrixView* m : MatMulOperands()) {
+    if (m->data != nullptr) matmul_shapes_.emplace_back(m->type, m->cols);
   }
-  if (role_.is_tail()) take(weights_.output());
   if (!ggml_parity_) PackMatrices();
 }
 
@@ -90,16 +86,20 @@ LlamaShard::~LlamaShard() = default;
 
 void LlamaShard::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
 
-void LlamaShard::PackMatrices() {
-  std::vector<const model::MatrixView*> todo;
+std::vector<const model::MatrixView*> LlamaShard::MatMulOperands() const {
+  std::vector<const model::MatrixView*> all;
   for (const auto& l : weights_.layers()) {
     for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      todo.push_back(m);
+      all.push_back(m);
     }
   }
-  if (role_.is_tail()) todo.push_back(&weights_.output());
+  if (role_.is_tail()) all.push_back(&weights_.output());
+  return all;
+}
+
+void LlamaShard::PackMatrices() {
   std::vector<std::pair<const model::MatrixView*, uint8_t*>> jobs;
-  for (const model::MatrixView* m : todo) {
+  for (const model::MatrixView* m : MatMulOperands()) {
     if (m->data == nullptr || packed_.count(m->data) != 0) continue;
     const ops::WeightMatrix w{m->type, m->data, m->rows, m->cols};
     const size_t bytes = ops::PackedWeightBytes(w);

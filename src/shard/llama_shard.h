@@ -99,6 +99,8 @@ class LlamaShard {
                    bool check_cancel) const;
   void Attend(Workspace& ws, const model::LayerWeights& lw,
               std::span<const BatchSlice> slices) const;
+  // The matrices this shard multiplies by (its layers', and the tail's output).
+  std::vector<const model::MatrixView*> MatMulOperands() const;
   // m as a matmul operand, with its packed layout when it has one.
   ops::WeightMatrix Matrix(const model::MatrixView& m) const;
   // Packs the matrices ops::PackWeights has a layout for (not in ggml parity
