@@ -635,6 +635,83 @@ void BM_AttentionF16(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionF16)->ArgsProduct({{8, 64}, {512}, {0, 1}})->MinTime(0.2);
 
+// One decode token for each of 16 sessions, batched as a node runs it
+// (ops::AttentionBatch): 12 query and 12 KV heads of 64 (768-dim), each
+// session reading its own paged cache of `ctx` positions (16-position blocks,
+// K plane then V plane, blocks of all sessions interleaved as a shared pool
+// hands them out), 12 layers' worth of caches visited in turn so that, as in
+// a node, the caches come from DRAM. kv_vs_read_bw: the K and V bytes read per
+// second over the read bandwidth of as many threads (the attention's
+// roofline at decode; 1.0 would be a pure stream).
+void BM_AttentionBatch(benchmark::State& state) {
+  const auto dtype = static_cast<KvDtype>(state.range(0));
+  const int64_t ctx = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  constexpr int kSessions = 16, kHeads = 12, kHd = 64, kBlock = 16, kLayers = 12;
+  const size_t row_bytes = static_cast<size_t>(kHeads) * kHd * KvDtypeSize(dtype);
+  const size_t block_bytes = 2 * kBlock * row_bytes;
+  const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+  const size_t n_blocks = static_cast<size_t>(kLayers) * kSessions * blocks_per_seq;
+  std::vector<uint8_t> pool_bytes(n_blocks * block_bytes + 64);
+  uint8_t* base = pool_bytes.data() + (64 - reinterpret_cast<uintptr_t>(pool_bytes.data()) % 64);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(kHeads) * kHd);
+  // tables[layer][session]: block b of a session is pool block
+  // (layer * blocks_per_seq + b) * kSessions + session.
+  std::vector<std::vector<uint8_t*>> tables(static_cast<size_t>(kLayers) * kSessions);
+  std::vector<ops::PagedKvLayer> kvs(tables.size());
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const size_t layer = i / kSessions, session = i % kSessions;
+    for (int64_t b = 0; b < blocks_per_seq; ++b) {
+      tables[i].push_back(base +
+                          ((layer * blocks_per_seq + b) * kSessions + session) * block_bytes);
+    }
+    ops::PagedKvLayer& kv = kvs[i];
+    kv.blocks = tables[i].data();
+    kv.block_tokens = kBlock;
+    kv.v_offset = kBlock * row_bytes;
+    kv.row_bytes = row_bytes;
+    kv.n_kv_heads = kHeads;
+    kv.head_dim = kHd;
+    kv.dtype = dtype;
+    kv.n_positions = ctx;
+    for (int64_t p = 0; p < ctx; ++p) {
+      for (float& v : row) v = dist(rng);
+      ops::StoreKvRow(kv, true, p, row.data());
+      for (float& v : row) v = dist(rng);
+      ops::StoreKvRow(kv, false, p, row.data());
+    }
+  }
+  std::vector<float> q(static_cast<size_t>(kSessions) * kHeads * kHd), out(q.size());
+  for (float& v : q) v = dist(rng);
+  std::vector<ops::AttentionSeq> seqs(kSessions);
+  const ops::AttentionConfig cfg{kHeads, kHd, 0.0f};
+  ThreadPool& pool = Pool(threads);
+  int layer = 0;
+  for (auto _ : state) {
+    for (int s = 0; s < kSessions; ++s) {
+      seqs[s] = {q.data() + s * kHeads * kHd, 1, ctx - 1, &kvs[layer * kSessions + s],
+                 out.data() + s * kHeads * kHd};
+    }
+    ops::AttentionBatch(seqs.data(), kSessions, cfg, &pool);
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % kLayers;
+  }
+  const double bytes = 2.0 * static_cast<double>(row_bytes) * ctx * kSessions;
+  state.counters["kv_GBps"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_vs_read_bw"] = benchmark::Counter(
+      bytes / GetBaselines().read_bw[threads], benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionBatch)
+    ->ArgsProduct({{static_cast<int64_t>(KvDtype::kF32), static_cast<int64_t>(KvDtype::kF16)},
+                   {64, 512},
+                   {1, 2}})
+    ->ArgNames({"kv", "ctx", "threads"})
+    ->UseRealTime()
+    ->MinTime(0.2);
+
 }  // namespace
 }  // namespace meshnet::bench
 

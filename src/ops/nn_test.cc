@@ -296,6 +296,10 @@ TEST(Attention, MatchesReferenceOverPagedLayouts) {
              AttnCase{6, 1, 12, 3, 17, 4, KvDtype::kBF16},  // MQA, odd head_dim tail
              AttnCase{16, 1, 16, 5, 9, 2, KvDtype::kF32},   // group > 8 query heads
              AttnCase{2, 2, 128, 16, 70, 2, KvDtype::kBF16},
+             // more heads than one kernel call takes (16), the pool's split
+             // falling inside a token's heads; a call's heads spanning KV heads
+             AttnCase{20, 20, 8, 4, 6, 3, KvDtype::kF32},
+             AttnCase{24, 4, 16, 16, 3, 3, KvDtype::kF16},
          }) {
       SCOPED_TRACE(::testing::Message()
                    << "heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim << " bt "
