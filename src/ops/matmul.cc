@@ -196,6 +196,43 @@ void PackQ6_K(const WeightMatrix& w, uint8_t* dst) {
                   });
 }
 
+// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (GGUF blocks: f16 d, [f16 m], [u32 fifth
+// bits], 16 nibble bytes: column e < 16 in byte e's low nibble, e >= 16 in
+// byte e - 16's high one), two blocks per unit (PackedB32UnitBytes). The bits
+// are OR-ed into `dst`, which PackWeights zeroed.
+void PackB32(const WeightMatrix& w, uint8_t* dst) {
+  const bool fifth = w.type == GgmlType::kQ5_0 || w.type == GgmlType::kQ5_1;
+  const bool min = w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ5_1;
+  const int64_t block_bytes = RowBytes(w.type, 32);
+  const int qs_at = 2 + (min ? 2 : 0) + (fifth ? 4 : 0);
+  const int64_t d_at = fifth ? 640 : 512;
+  ForPackedBlocks(w, 64, internal::PackedB32UnitBytes(w.type), dst,
+                  [&](uint8_t* unit, int i, const uint8_t* src) {
+                    for (int k = 0; k < 2; ++k) {
+                      const uint8_t* q = src + k * block_bytes;
+                      auto code = [&](int e) {
+                        return e < 16 ? q[qs_at + e] & 0xF : q[qs_at + e - 16] >> 4;
+                      };
+                      for (int c = 0; c < 4; ++c) {
+                        for (int b = 0; b < 4; ++b) {
+                          unit[64 * (4 * k + c) + 4 * i + b] =
+                              static_cast<uint8_t>(code(8 * c + b) | code(8 * c + 4 + b) << 4);
+                        }
+                      }
+                      if (fifth) {
+                        uint32_t qh;
+                        std::memcpy(&qh, q + 2 + (min ? 2 : 0), 4);
+                        for (int e = 0; e < 32; ++e) {
+                          unit[512 + 64 * k + 4 * i + e % 4] |=
+                              static_cast<uint8_t>(((qh >> e) & 1) << (e / 4));
+                        }
+                      }
+                      std::memcpy(unit + d_at + 32 * k + 2 * i, q, 2);
+                      if (min) std::memcpy(unit + d_at + 64 + 32 * k + 2 * i, q + 2, 2);
+                    }
+                  });
+}
+
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, void* out) {
@@ -205,6 +242,9 @@ void PackWeights(const WeightMatrix& w, void* out) {
   if (w.type == GgmlType::kQ8_0) return PackQ8_0(w, static_cast<uint8_t*>(out));
   if (w.type == GgmlType::kQ4_K) return PackQ4_K(w, static_cast<uint8_t*>(out));
   if (w.type == GgmlType::kQ6_K) return PackQ6_K(w, static_cast<uint8_t*>(out));
+  if (internal::PackedGroupBytes(w.type, w.cols) > 0 && internal::PackedB32UnitBytes(w.type) > 0) {
+    PackB32(w, static_cast<uint8_t*>(out));
+  }
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,

@@ -340,13 +340,28 @@ void MatMulPackedRowsImpl(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
   if (w.type == GgmlType::kQ8_0) return Q8PackedRows(w, g_begin, g_end, a, n_tokens, y);
   if (w.type == GgmlType::kQ4_K) return KPackedRows<Q4KPacked>(w, g_begin, g_end, a, n_tokens, y);
   if (w.type == GgmlType::kQ6_K) return KPackedRows<Q6KPacked>(w, g_begin, g_end, a, n_tokens, y);
+  switch (w.type) {
+    case GgmlType::kQ4_0:
+      return B32PackedRows<GgmlType::kQ4_0>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ4_1:
+      return B32PackedRows<GgmlType::kQ4_1>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ5_0:
+      return B32PackedRows<GgmlType::kQ5_0>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ5_1:
+      return B32PackedRows<GgmlType::kQ5_1>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kIQ4_NL:
+      return B32PackedRows<GgmlType::kIQ4_NL>(w, g_begin, g_end, a, n_tokens, y);
+    default:
+      break;
+  }
 #endif
   MatMulQuantRowsImpl(w, g_begin * 16, g_end * 16, a, n_tokens, y);
 }
 
 bool PackedSupportedImpl(GgmlType type) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
-  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K;
+  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ||
+         PackedB32UnitBytes(type) > 0;
 #else
   return false;
 #endif

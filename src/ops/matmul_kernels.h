@@ -60,8 +60,33 @@ inline constexpr int64_t kPackedQ4KBlock = 8 * 256 + 128 + 128 + 32 + 32;
 // 16 sub-blocks (16 bytes per sub-block), the 16 f16 d, and 32 bytes of
 // padding that keep every block 64-byte aligned (3,392 bytes; 3,360 in GGUF).
 inline constexpr int64_t kPackedQ6KBlock = 8 * 384 + 256 + 32 + 32;
+// The bytes of one packed 64-column unit (two 32-blocks) of 16 rows of Q4_0,
+// Q4_1, Q5_0, Q5_1 or IQ4_NL (0 for other types): the same bytes as the GGUF
+// blocks, rearranged so that every unit starts 64-byte aligned:
+//  * 8 vectors of 64 code bytes, vector 4k + c for block k (lane i: row i's
+//    codes of columns 8c..8c+3 in the low nibbles, 8c+4..8c+7 in the high);
+//  * Q5_0/Q5_1: per block a vector of the fifth bits (lane i, byte m, bit j:
+//    row i's column 4j + m);
+//  * per block the 16 rows' f16 d; Q4_1/Q5_1: then per block their f16 m.
+constexpr int64_t PackedB32UnitBytes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kIQ4_NL:
+      return 512 + 64;
+    case GgmlType::kQ5_0:
+      return 512 + 128 + 64;
+    case GgmlType::kQ4_1:
+      return 512 + 64 + 64;
+    case GgmlType::kQ5_1:
+      return 512 + 128 + 64 + 64;
+    default:
+      return 0;
+  }
+}
 // The bytes of one packed group of 16 rows of `cols` columns (0: no layout).
 inline int64_t PackedGroupBytes(GgmlType type, int64_t cols) {
+  if (PackedB32UnitBytes(type) > 0)
+    return cols % 64 == 0 ? cols / 64 * PackedB32UnitBytes(type) : 0;
   if (type == GgmlType::kQ8_0) return cols / 32 * kPackedQ8Block;
   if (type == GgmlType::kQ4_K) return cols / 256 * kPackedQ4KBlock;
   if (type == GgmlType::kQ6_K) return cols / 256 * kPackedQ6KBlock;

@@ -116,7 +116,7 @@ void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits
                              : MakeWeights(type, s.rows, s.cols, seed++);
     const std::vector<float> x = RandomActs(s.n_tokens, s.cols, seed++);
     std::vector<uint8_t> packed_bytes;
-    if (packed) {
+    if (packed && internal::PackedGroupBytes(type, s.cols) > 0) {
       // Sized and written whatever the current target (the layout is plain C++).
       packed_bytes.resize(
           static_cast<size_t>(s.rows / 16 * internal::PackedGroupBytes(type, s.cols)) + 64);
@@ -337,6 +337,22 @@ TEST(MatMul, PackedQ8_0MatchesReference) {
                                        {17, 32, 9},  {64, 768, 3}, {16, 32, 16}};
     CheckType(GgmlType::kQ8_0, shapes, /*random_bits=*/false, /*packed=*/true);
     CheckType(GgmlType::kQ8_0, shapes, /*random_bits=*/true, /*packed=*/true);
+  });
+}
+
+// The 32-element formats packed two blocks per unit: rows around the groups
+// of 16, tokens around the tiles of 8, every bit pattern (every code, fifth
+// bit and scale), and columns that are not a multiple of 64 (not packed).
+TEST(MatMul, PackedBlock32MatchesReference) {
+  const GgmlType types[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                            GgmlType::kIQ4_NL};
+  ForEachSimdTarget([&] {
+    const std::vector<Shape> shapes = {{16, 64, 1},  {35, 512, 7}, {48, 128, 19},
+                                       {33, 768, 8}, {17, 64, 9},  {16, 96, 16}};
+    for (GgmlType type : types) {
+      CheckType(type, shapes, /*random_bits=*/false, /*packed=*/true);
+      CheckType(type, shapes, /*random_bits=*/true, /*packed=*/true);
+    }
   });
 }
 

@@ -313,6 +313,126 @@ HWY_INLINE void Q8PackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_e
   }
 }
 
+// Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL packed 16 rows at a time
+// (PackedB32UnitBytes per 64 columns): the codes as unsigned bytes (IQ4_NL's
+// levels + 128 by one vpshufb), one vpdpbusd per 4 columns and token for all
+// 16 rows against the token's 4 activation bytes broadcast, then per block
+// and token the convert and scale, and the offset term m * d_x*sum(q) (m the
+// format's min, or kBias * d) as in the unpacked tiles. Lane i is row i.
+template <GgmlType kType>
+struct B32Packed {
+  static constexpr bool kFifth = kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1;
+  static constexpr bool kMin = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+  static constexpr bool kTable = kType == GgmlType::kIQ4_NL;
+  static constexpr float kBias = kType == GgmlType::kQ4_0   ? -8.0f
+                                 : kType == GgmlType::kQ5_0 ? -16.0f
+                                 : kTable                   ? -128.0f
+                                                            : 0.0f;
+  static constexpr int64_t kUnit = PackedB32UnitBytes(kType);
+  static constexpr int64_t kDAt = kFifth ? 640 : 512;  // then kMin's m at kDAt + 64
+};
+
+// Chunk j's (columns 4j..4j+3) fifth bits of a block's vector as 0x10 or 0.
+template <int J>
+HWY_INLINE __m512i PackedFifth(__m512i bits) {
+  const __m512i moved = J <= 4 ? _mm512_slli_epi16(bits, 4 - J) : _mm512_srli_epi16(bits, J - 4);
+  return _mm512_and_si512(moved, _mm512_set1_epi8(0x10));
+}
+
+// Columns 8C..8C+7 of block k of a unit into sum[t]: the codes decoded once.
+template <class P, int C, int T>
+HWY_INLINE void B32PackedChunks(const uint8_t* unit, int k, __m512i fifth, __m512i table,
+                                const int8_t* const* xq, __m512i* sum) {
+  const __m512i v = _mm512_load_si512(unit + 64 * (4 * k + C));
+  const __m512i nib = _mm512_set1_epi8(0xF);
+  __m512i lo = _mm512_and_si512(v, nib);
+  __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+  if constexpr (P::kFifth) {
+    lo = _mm512_or_si512(lo, PackedFifth<2 * C>(fifth));
+    hi = _mm512_or_si512(hi, PackedFifth<2 * C + 1>(fifth));
+  }
+  if constexpr (P::kTable) {
+    lo = _mm512_shuffle_epi8(table, lo);
+    hi = _mm512_shuffle_epi8(table, hi);
+  }
+  for (int t = 0; t < T; ++t) {
+    uint32_t xl, xh;
+    std::memcpy(&xl, xq[t] + 8 * C, 4);
+    std::memcpy(&xh, xq[t] + 8 * C + 4, 4);
+    sum[t] = _mm512_dpbusd_epi32(sum[t], lo, _mm512_set1_epi32(static_cast<int>(xl)));
+    sum[t] = _mm512_dpbusd_epi32(sum[t], hi, _mm512_set1_epi32(static_cast<int>(xh)));
+  }
+}
+
+template <class P, int T>
+HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const QuantActs& a, int64_t t0,
+                              float* y, int64_t y_stride) {
+  const int64_t nb = 2 * n_units;
+  const int8_t* xq[T];
+  const float* dx[T];
+  const float* dxs[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.q8 + (t0 + t) * a.cols;
+    dx[t] = a.d + (t0 + t) * nb;
+    dxs[t] = a.dxs + (t0 + t) * nb;
+  }
+  __m512i table = _mm512_setzero_si512();
+  if constexpr (P::kTable) {  // the levels + 128, as unsigned bytes
+    table = _mm512_xor_si512(
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Table))),
+        _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < n_units; ++u) {
+    const uint8_t* unit = group + u * P::kUnit;
+    PrefetchBytes(unit + 4 * P::kUnit, P::kUnit);
+    for (int k = 0; k < 2; ++k) {
+      const int64_t b = 2 * u + k;
+      __m512i fifth = _mm512_setzero_si512();
+      if constexpr (P::kFifth) fifth = _mm512_load_si512(unit + 512 + 64 * k);
+      __m512i sum[T];
+      const int8_t* xb[T];
+      for (int t = 0; t < T; ++t) {
+        sum[t] = _mm512_setzero_si512();
+        xb[t] = xq[t] + b * 32;
+      }
+      B32PackedChunks<P, 0, T>(unit, k, fifth, table, xb, sum);
+      B32PackedChunks<P, 1, T>(unit, k, fifth, table, xb, sum);
+      B32PackedChunks<P, 2, T>(unit, k, fifth, table, xb, sum);
+      B32PackedChunks<P, 3, T>(unit, k, fifth, table, xb, sum);
+      const __m512 dw = _mm512_cvtph_ps(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + P::kDAt + 32 * k)));
+      __m512 m;
+      if constexpr (P::kMin) {
+        m = _mm512_cvtph_ps(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + P::kDAt + 64 + 32 * k)));
+      } else {
+        m = _mm512_mul_ps(dw, _mm512_set1_ps(P::kBias));
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512 eff = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t][b]));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), eff, acc[t]);
+        acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(dxs[t][b]), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
+}
+
+template <GgmlType kType>
+HWY_INLINE void B32PackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
+                              const QuantActs& a, int64_t n_tokens, float* y) {
+  using P = B32Packed<kType>;
+  const int64_t n_units = w.cols / 64;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * n_units * P::kUnit;
+    TokenTiles<8>(n_tokens, [&](auto tile, int64_t t) {
+      B32PackedTile<P, decltype(tile)::value>(group, n_units, a, t, y + g * 16, w.rows);
+    });
+  }
+}
+
 // B32Tile with block pairs: the offset terms and an odd last block go into
 // 256-bit accumulators beside the 512-bit ones.
 template <class F, int R, int T>
