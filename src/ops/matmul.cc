@@ -141,29 +141,54 @@ void PackQ8_0(const WeightMatrix& w, uint8_t* dst) {
 }
 
 // Q4_K (block_q4_K: d, dmin, 12 scale bytes, 128 nibble bytes: 32-block 2k's
-// codes in the low nibbles of bytes 32k..32k+31, 2k+1's in the high ones).
-void PackQ4_K(const WeightMatrix& w, uint8_t* dst) {
-  ForPackedBlocks(w, 256, internal::kPackedQ4KBlock, dst,
-                  [](uint8_t* blk, int i, const uint8_t* q) {
-                    for (int j = 0; j < 8; ++j) {
-                      auto code = [&](int e) {  // element e of 32-block j
-                        const uint8_t byte = q[16 + 32 * (j / 2) + e];
-                        return static_cast<uint8_t>(j % 2 == 0 ? byte & 0xF : byte >> 4);
-                      };
-                      for (int c = 0; c < 4; ++c) {
-                        for (int k = 0; k < 4; ++k) {
-                          blk[256 * j + 64 * c + 4 * i + k] =
-                              static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
-                        }
-                      }
-                      uint8_t sc, m;
-                      Q4KScaleMin(j, q + 4, &sc, &m);
-                      blk[2048 + 16 * j + i] = sc;
-                      blk[2048 + 128 + 16 * j + i] = m;
-                    }
-                    std::memcpy(blk + 2048 + 256 + 2 * i, q, 2);           // d
-                    std::memcpy(blk + 2048 + 256 + 32 + 2 * i, q + 2, 2);  // dmin
-                  });
+// codes in the low nibbles of bytes 32k..32k+31, 2k+1's in the high ones),
+// Q5_K (block_q5_K: the same with qh[32] before the nibbles, element e of
+// 32-block j's fifth bit at bit j of qh[e]) and IQ4_XS (block_iq4_xs: d,
+// scales_h, scales_l[4], then per 32-block 16 nibble bytes, element e < 16 in
+// byte e's low nibble, e >= 16 in byte e - 16's high one). The fifth bits are
+// OR-ed into `dst`, which PackWeights zeroed.
+void PackK4(const WeightMatrix& w, uint8_t* dst) {
+  const bool q5 = w.type == GgmlType::kQ5_K, iq = w.type == GgmlType::kIQ4_XS;
+  const int64_t kj = q5 ? 320 : 256, sc_at = 8 * kj;
+  const int64_t block = internal::PackedGroupBytes(w.type, 256);
+  ForPackedBlocks(w, 256, block, dst, [&](uint8_t* blk, int i, const uint8_t* q) {
+    for (int j = 0; j < 8; ++j) {
+      auto code = [&](int e) {  // the low 4 bits of element e of 32-block j
+        if (iq) return (e < 16 ? q[8 + 16 * j + e] : q[8 + 16 * j + e - 16] >> 4) & 0xF;
+        const uint8_t byte = q[(q5 ? 48 : 16) + 32 * (j / 2) + e];
+        return j % 2 == 0 ? byte & 0xF : byte >> 4;
+      };
+      for (int c = 0; c < 4; ++c) {
+        for (int k = 0; k < 4; ++k) {
+          blk[kj * j + 64 * c + 4 * i + k] =
+              static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
+        }
+      }
+      if (q5) {
+        for (int e = 0; e < 32; ++e) {
+          blk[kj * j + 256 + 4 * i + e % 4] |=
+              static_cast<uint8_t>(((q[16 + e] >> j) & 1) << (e / 4));
+        }
+      }
+      if (iq) {
+        uint16_t high;
+        std::memcpy(&high, q + 2, 2);
+        const int ls = ((q[4 + j / 2] >> (4 * (j % 2))) & 0xF) | ((high >> (2 * j)) & 3) << 4;
+        blk[sc_at + 16 * j + i] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+      } else {
+        uint8_t sc, m;
+        Q4KScaleMin(j, q + 4, &sc, &m);
+        blk[sc_at + 16 * j + i] = sc;
+        blk[sc_at + 128 + 16 * j + i] = m;
+      }
+    }
+    if (iq) {
+      std::memcpy(blk + sc_at + 128 + 2 * i, q, 2);  // d
+    } else {
+      std::memcpy(blk + sc_at + 256 + 2 * i, q, 2);           // d
+      std::memcpy(blk + sc_at + 256 + 32 + 2 * i, q + 2, 2);  // dmin
+    }
+  });
 }
 
 // Q6_K (block_q6_K: ql[128], qh[64], int8 scales[16], f16 d): element e's
@@ -240,7 +265,9 @@ void PackWeights(const WeightMatrix& w, void* out) {
   std::memset(out, 0,
               static_cast<size_t>(w.rows / 16 * internal::PackedGroupBytes(w.type, w.cols)));
   if (w.type == GgmlType::kQ8_0) return PackQ8_0(w, static_cast<uint8_t*>(out));
-  if (w.type == GgmlType::kQ4_K) return PackQ4_K(w, static_cast<uint8_t*>(out));
+  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kIQ4_XS) {
+    return PackK4(w, static_cast<uint8_t*>(out));
+  }
   if (w.type == GgmlType::kQ6_K) return PackQ6_K(w, static_cast<uint8_t*>(out));
   if (internal::PackedGroupBytes(w.type, w.cols) > 0 && internal::PackedB32UnitBytes(w.type) > 0) {
     PackB32(w, static_cast<uint8_t*>(out));

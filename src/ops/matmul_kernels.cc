@@ -337,10 +337,17 @@ void MatMulQuantRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, 
 void MatMulPackedRowsImpl(const WeightMatrix& w, int64_t g_begin, int64_t g_end, const QuantActs& a,
                           int64_t n_tokens, float* y) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
-  if (w.type == GgmlType::kQ8_0) return Q8PackedRows(w, g_begin, g_end, a, n_tokens, y);
-  if (w.type == GgmlType::kQ4_K) return KPackedRows<Q4KPacked>(w, g_begin, g_end, a, n_tokens, y);
-  if (w.type == GgmlType::kQ6_K) return KPackedRows<Q6KPacked>(w, g_begin, g_end, a, n_tokens, y);
   switch (w.type) {
+    case GgmlType::kQ8_0:
+      return Q8PackedRows(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ4_K:
+      return KPackedRows<Q4KPacked>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ5_K:
+      return KPackedRows<Q5KPacked>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kIQ4_XS:
+      return KPackedRows<IQ4XSPacked>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ6_K:
+      return KPackedRows<Q6KPacked>(w, g_begin, g_end, a, n_tokens, y);
     case GgmlType::kQ4_0:
       return B32PackedRows<GgmlType::kQ4_0>(w, g_begin, g_end, a, n_tokens, y);
     case GgmlType::kQ4_1:
@@ -360,8 +367,7 @@ void MatMulPackedRowsImpl(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
 
 bool PackedSupportedImpl(GgmlType type) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
-  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ||
-         PackedB32UnitBytes(type) > 0;
+  return PackedGroupBytes(type, 256) > 0;
 #else
   return false;
 #endif

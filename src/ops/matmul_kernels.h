@@ -53,6 +53,14 @@ inline constexpr int64_t kPackedQ8Block = 8 * 64 + 32 + 32;
 // the 8 blocks (16 bytes per block), their mins the same, the 16 f16 d, the
 // 16 f16 dmin.
 inline constexpr int64_t kPackedQ4KBlock = 8 * 256 + 128 + 128 + 32 + 32;
+// Q5_K: Q4_K's layout with, after each 32-block's 4 code vectors, a vector
+// of its fifth bits (lane i, byte m, bit k: row i's column 4k + m): 2,880
+// bytes per 16 rows (2,816 in GGUF).
+inline constexpr int64_t kPackedQ5KBlock = 8 * 320 + 128 + 128 + 32 + 32;
+// IQ4_XS: the nibbles as Q4_K's, then the 16 rows' int8 scales ls - 32 of the
+// 8 blocks (16 bytes per block), the 16 f16 d, and 32 bytes of padding for
+// 64-byte alignment (2,240 bytes per 16 rows; 2,176 in GGUF).
+inline constexpr int64_t kPackedIQ4XSBlock = 8 * 256 + 128 + 32 + 32;
 // The bytes of one packed 256-column super-block of 16 Q6_K rows: per 32-block
 // j, 4 vectors of 64 bytes of the codes' low nibbles (as Q4_K's) and 2 of
 // their top 2 bits (lane i: row i; vector u holds chunks 4u..4u+3, chunk
@@ -90,6 +98,8 @@ inline int64_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (type == GgmlType::kQ8_0) return cols / 32 * kPackedQ8Block;
   if (type == GgmlType::kQ4_K) return cols / 256 * kPackedQ4KBlock;
   if (type == GgmlType::kQ6_K) return cols / 256 * kPackedQ6KBlock;
+  if (type == GgmlType::kQ5_K) return cols / 256 * kPackedQ5KBlock;
+  if (type == GgmlType::kIQ4_XS) return cols / 256 * kPackedIQ4XSBlock;
   return 0;
 }
 

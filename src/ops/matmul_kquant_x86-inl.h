@@ -31,6 +31,7 @@
 #endif
 
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "hwy/highway.h"
@@ -339,29 +340,59 @@ HWY_INLINE void KPairBlocks(const uint8_t* p, const KHead& h, const TokenPtrs<T>
   (std::make_integer_sequence<int, 4>());
 }
 
-// Q4_K packed 16 rows at a time (kPackedQ4KBlock per super-block): per
-// 32-block, one vpdpbusd per 4 columns and token for all 16 rows (the codes
-// unsigned, the token's 4 activation bytes broadcast), the 16 rows' sums times
-// their scales (vpmulld) summed exactly over the super-block, then one convert
-// and FMA by d * d_x, and the mins' term by FMA, as the unpacked tile does.
-// The mins' term of super-block s: dmin * m_j times the tokens' d*sum(q) of
-// 32-block j, off the accumulators.
-template <int T>
-HWY_INLINE void Q4KPackedMins(const uint8_t* blk, __m512 dmin, const float* const* xs, int64_t s,
-                              __m512* acc) {
+// Q4_K, Q5_K and IQ4_XS packed 16 rows at a time (kPackedQ4KBlock,
+// kPackedQ5KBlock, kPackedIQ4XSBlock per super-block): per 32-block, one
+// vpdpbusd per 4 columns and token for all 16 rows (the codes unsigned, the
+// token's 4 activation bytes broadcast), the 16 rows' sums times their scales
+// (vpmulld) summed exactly over the super-block, then one convert and FMA by
+// d * d_x, and the offsets' term by FMA, as the unpacked tile does: Q4_K and
+// Q5_K's dmin * m_j, IQ4_XS's 128 * d * (ls_j - 32) (its levels are taken +
+// 128, unsigned), times the tokens' d*sum(q) of 32-block j.
+struct Q4KPacked {
+  static constexpr int64_t kBlock = kPackedQ4KBlock, kJ = 256;
+  static constexpr bool kFifth = false, kTable = false;
+};
+struct Q5KPacked {  // Q4_K's, with a vector of fifth bits after each 32-block's codes
+  static constexpr int64_t kBlock = kPackedQ5KBlock, kJ = 320;
+  static constexpr bool kFifth = true, kTable = false;
+};
+struct IQ4XSPacked {  // int8 scales ls - 32, then d
+  static constexpr int64_t kBlock = kPackedIQ4XSBlock, kJ = 256;
+  static constexpr bool kFifth = false, kTable = true;
+};
+
+template <class P, int T>
+HWY_INLINE void K4PackedOffsets(const uint8_t* blk, const float* const* xs, int64_t s,
+                                __m512* acc) {
+  constexpr int64_t kSc = 8 * P::kJ;
+  __m512 scale;  // times the offset bytes: dmin, or 128 * d
+  if constexpr (P::kTable) {
+    scale = _mm512_mul_ps(
+        _mm512_set1_ps(128.0f),
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kSc + 128))));
+  } else {
+    scale = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kSc + 288)));
+  }
   for (int j = 0; j < 8; ++j) {
-    const __m512 mins = _mm512_mul_ps(
-        dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                  _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 2176 + 16 * j)))));
+    __m512i bytes;
+    if constexpr (P::kTable) {
+      bytes = _mm512_cvtepi8_epi32(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kSc + 16 * j)));
+    } else {
+      bytes = _mm512_cvtepu8_epi32(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kSc + 128 + 16 * j)));
+    }
+    const __m512 off = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(bytes));
     for (int t = 0; t < T; ++t) {
-      acc[t] = _mm512_fnmadd_ps(mins, _mm512_set1_ps(xs[t][s * 8 + j]), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(off, _mm512_set1_ps(xs[t][s * 8 + j]), acc[t]);
     }
   }
 }
 
-template <int T>
-HWY_INLINE void Q4KPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
-                              float* y, int64_t y_stride) {
+template <class P, int T>
+HWY_INLINE void K4PackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
+                             float* y, int64_t y_stride) {
+  constexpr int64_t kSc = 8 * P::kJ;
   const int64_t nb = a.cols / 32;
   const int8_t* xq[T];
   const float* xd[T];
@@ -372,20 +403,38 @@ HWY_INLINE void Q4KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
     xs[t] = a.dxs + (t0 + t) * nb;
   }
   const __m512i nib = _mm512_set1_epi8(0xF);
+  __m512i table = _mm512_setzero_si512();
+  if constexpr (P::kTable) {  // the levels + 128, as unsigned bytes
+    table = _mm512_xor_si512(
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Table))),
+        _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
-    const uint8_t* blk = group + s * kPackedQ4KBlock;
-    PrefetchBytes(blk + kPackedQ4KBlock, kPackedQ4KBlock);
+    const uint8_t* blk = group + s * P::kBlock;
+    PrefetchBytes(blk + P::kBlock, P::kBlock);
     __m512i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
+      const uint8_t* bj = blk + P::kJ * j;
+      __m512i fifth = _mm512_setzero_si512();
+      if constexpr (P::kFifth) fifth = _mm512_load_si512(bj + 256);
       __m512i dot[T];
       for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
-        const __m512i v = _mm512_load_si512(blk + 256 * j + 64 * c);
-        const __m512i lo = _mm512_and_si512(v, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      auto chunk = [&](auto c_const) {
+        constexpr int c = decltype(c_const)::value;
+        const __m512i v = _mm512_load_si512(bj + 64 * c);
+        __m512i lo = _mm512_and_si512(v, nib);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if constexpr (P::kFifth) {
+          lo = _mm512_or_si512(lo, PackedFifth<2 * c>(fifth));
+          hi = _mm512_or_si512(hi, PackedFifth<2 * c + 1>(fifth));
+        }
+        if constexpr (P::kTable) {
+          lo = _mm512_shuffle_epi8(table, lo);
+          hi = _mm512_shuffle_epi8(table, hi);
+        }
         for (int t = 0; t < T; ++t) {
           const int8_t* x = xq[t] + s * 256 + 32 * j + 8 * c;
           int32_t x0, x1;
@@ -394,21 +443,23 @@ HWY_INLINE void Q4KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
           dot[t] = _mm512_dpbusd_epi32(dot[t], lo, _mm512_set1_epi32(x0));
           dot[t] = _mm512_dpbusd_epi32(dot[t], hi, _mm512_set1_epi32(x1));
         }
-      }
-      const __m512i sc = _mm512_cvtepu8_epi32(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 2048 + 16 * j)));
+      };
+      chunk(std::integral_constant<int, 0>());
+      chunk(std::integral_constant<int, 1>());
+      chunk(std::integral_constant<int, 2>());
+      chunk(std::integral_constant<int, 3>());
+      const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kSc + 16 * j));
+      const __m512i sc = P::kTable ? _mm512_cvtepi8_epi32(sc8) : _mm512_cvtepu8_epi32(sc8);
       for (int t = 0; t < T; ++t)
         isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot[t], sc));
     }
-    const __m512 d =
-        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 2304)));
-    const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 2336)));
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kSc + (P::kTable ? 128 : 256))));
     for (int t = 0; t < T; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
                                _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
     }
-    Q4KPackedMins<T>(blk, dmin, xs, s, acc);
+    K4PackedOffsets<P, T>(blk, xs, s, acc);
   }
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
 }
@@ -503,21 +554,8 @@ HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
 }
 
-struct Q4KPacked {
-  static constexpr int64_t kBlock = kPackedQ4KBlock;
-  template <int T>
-  static HWY_INLINE void Tile(const uint8_t* g, int64_t ns, const QuantActs& a, int64_t t0,
-                              float* y, int64_t stride) {
-    Q4KPackedTile<T>(g, ns, a, t0, y, stride);
-  }
-};
 struct Q6KPacked {
   static constexpr int64_t kBlock = kPackedQ6KBlock;
-  template <int T>
-  static HWY_INLINE void Tile(const uint8_t* g, int64_t ns, const QuantActs& a, int64_t t0,
-                              float* y, int64_t stride) {
-    Q6KPackedTile<T>(g, ns, a, t0, y, stride);
-  }
 };
 
 // Row groups [g_begin, g_end) x all tokens: tiles of 4 tokens, then one of the rest.
@@ -528,7 +566,11 @@ HWY_INLINE void KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_en
   for (int64_t g = g_begin; g < g_end; ++g) {
     const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * ns * P::kBlock;
     TokenTiles<4>(n_tokens, [&](auto tile, int64_t t) {
-      P::template Tile<decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
+      if constexpr (std::is_same_v<P, Q6KPacked>) {
+        Q6KPackedTile<decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
+      } else {
+        K4PackedTile<P, decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
+      }
     });
   }
 }

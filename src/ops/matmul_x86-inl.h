@@ -108,6 +108,16 @@ HWY_INLINE __m256 Halves(__m512 v) {
 }
 #endif
 
+#if HWY_TARGET <= HWY_AVX3
+// Packed layouts' fifth bits (a 32-column block's vector: lane i, byte m, bit
+// j is row i's column 4j + m): chunk J's (columns 4J..4J+3) as 0x10 or 0.
+template <int J>
+HWY_INLINE __m512i PackedFifth(__m512i bits) {
+  const __m512i moved = J <= 4 ? _mm512_slli_epi16(bits, 4 - J) : _mm512_srli_epi16(bits, J - 4);
+  return _mm512_and_si512(moved, _mm512_set1_epi8(0x10));
+}
+#endif
+
 // Prefetches [p, p + n) into L1, a cache line at a time (packed tiles read
 // the blocks ahead of the one they compute).
 HWY_INLINE void PrefetchBytes(const uint8_t* p, int64_t n) {

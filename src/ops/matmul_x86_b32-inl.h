@@ -332,13 +332,6 @@ struct B32Packed {
   static constexpr int64_t kDAt = kFifth ? 640 : 512;  // then kMin's m at kDAt + 64
 };
 
-// Chunk j's (columns 4j..4j+3) fifth bits of a block's vector as 0x10 or 0.
-template <int J>
-HWY_INLINE __m512i PackedFifth(__m512i bits) {
-  const __m512i moved = J <= 4 ? _mm512_slli_epi16(bits, 4 - J) : _mm512_srli_epi16(bits, J - 4);
-  return _mm512_and_si512(moved, _mm512_set1_epi8(0x10));
-}
-
 // Columns 8C..8C+7 of block k of a unit into sum[t]: the codes decoded once.
 template <class P, int C, int T>
 HWY_INLINE void B32PackedChunks(const uint8_t* unit, int k, __m512i fifth, __m512i table,
