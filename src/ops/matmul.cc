@@ -258,6 +258,38 @@ void PackB32(const WeightMatrix& w, uint8_t* dst) {
                   });
 }
 
+// Q2_K (block_q2_K: scales[16] as scale | min << 4, qs[64], d, dmin) and
+// Q3_K (block_q3_K: hmask[32], qs[64], 12 scale bytes, d): element e of
+// 32-block j has its low 2 bits at bits 2*(j%4) of qs[32*(j/4) + e % 32] and
+// (Q3_K) its third bit at bit j of hmask[e]; element n of the super-block
+// takes scale byte n / 16. The bits are OR-ed into `dst`, which PackWeights
+// zeroed.
+void PackKSmall(const WeightMatrix& w, uint8_t* dst) {
+  const bool q3 = w.type == GgmlType::kQ3_K;
+  const int qs_at = q3 ? 32 : 16;
+  const int64_t sc_at = q3 ? 1536 : 1024;
+  ForPackedBlocks(w, 256, internal::PackedGroupBytes(w.type, 256), dst,
+                  [&](uint8_t* blk, int i, const uint8_t* q) {
+                    for (int n = 0; n < 256; ++n) {
+                      const int j = n / 32, e = n % 32, k = n / 16, c = n % 16 / 4, m = n % 4;
+                      const int low = (q[qs_at + 32 * (j / 4) + e] >> (2 * (j % 4))) & 3;
+                      blk[64 * k + 4 * i + m] |= static_cast<uint8_t>(low << (2 * c));
+                      if (q3) {
+                        const int third = (q[e] >> j) & 1;
+                        blk[1024 + 64 * j + 4 * i + e % 4] |=
+                            static_cast<uint8_t>(third << (e / 4));
+                      }
+                    }
+                    int8_t sc3[16];
+                    if (q3) Q3KScales(q + 96, sc3);
+                    for (int k = 0; k < 16; ++k) {
+                      blk[sc_at + 16 * k + i] = q3 ? static_cast<uint8_t>(sc3[k]) : q[k];
+                    }
+                    std::memcpy(blk + sc_at + 256 + 2 * i, q + (q3 ? 108 : 80), 2);  // d
+                    if (!q3) std::memcpy(blk + sc_at + 288 + 2 * i, q + 82, 2);      // dmin
+                  });
+}
+
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, void* out) {
@@ -269,6 +301,9 @@ void PackWeights(const WeightMatrix& w, void* out) {
     return PackK4(w, static_cast<uint8_t*>(out));
   }
   if (w.type == GgmlType::kQ6_K) return PackQ6_K(w, static_cast<uint8_t*>(out));
+  if (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) {
+    return PackKSmall(w, static_cast<uint8_t*>(out));
+  }
   if (internal::PackedGroupBytes(w.type, w.cols) > 0 && internal::PackedB32UnitBytes(w.type) > 0) {
     PackB32(w, static_cast<uint8_t*>(out));
   }

@@ -348,6 +348,10 @@ void MatMulPackedRowsImpl(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
       return KPackedRows<IQ4XSPacked>(w, g_begin, g_end, a, n_tokens, y);
     case GgmlType::kQ6_K:
       return KPackedRows<Q6KPacked>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ2_K:
+      return KPackedRows<Q2KPacked>(w, g_begin, g_end, a, n_tokens, y);
+    case GgmlType::kQ3_K:
+      return KPackedRows<Q3KPacked>(w, g_begin, g_end, a, n_tokens, y);
     case GgmlType::kQ4_0:
       return B32PackedRows<GgmlType::kQ4_0>(w, g_begin, g_end, a, n_tokens, y);
     case GgmlType::kQ4_1:

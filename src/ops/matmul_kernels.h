@@ -61,6 +61,15 @@ inline constexpr int64_t kPackedQ5KBlock = 8 * 320 + 128 + 128 + 32 + 32;
 // 8 blocks (16 bytes per block), the 16 f16 d, and 32 bytes of padding for
 // 64-byte alignment (2,240 bytes per 16 rows; 2,176 in GGUF).
 inline constexpr int64_t kPackedIQ4XSBlock = 8 * 256 + 128 + 32 + 32;
+// Q2_K and Q3_K: per 16-column sub-block k a vector of the codes' low 2 bits
+// (lane i, byte m, bits 2c..2c+1: row i's column 4c + m of the sub-block);
+// Q3_K: then per 32-block a vector of the third bits (as Q5_K's fifth); then
+// the 16 rows' scale bytes per sub-block (Q2_K: GGUF's, scale | min << 4;
+// Q3_K: int8 scale - 32), the 16 f16 d, and Q2_K's 16 f16 dmin or Q3_K's 32
+// bytes of padding: 1,344 bytes per 16 rows x 256 columns for Q2_K (as in
+// GGUF), 1,856 for Q3_K (1,760 in GGUF).
+inline constexpr int64_t kPackedQ2KBlock = 1024 + 256 + 32 + 32;
+inline constexpr int64_t kPackedQ3KBlock = 1024 + 512 + 256 + 32 + 32;
 // The bytes of one packed 256-column super-block of 16 Q6_K rows: per 32-block
 // j, 4 vectors of 64 bytes of the codes' low nibbles (as Q4_K's) and 2 of
 // their top 2 bits (lane i: row i; vector u holds chunks 4u..4u+3, chunk
@@ -99,6 +108,8 @@ inline int64_t PackedGroupBytes(GgmlType type, int64_t cols) {
   if (type == GgmlType::kQ4_K) return cols / 256 * kPackedQ4KBlock;
   if (type == GgmlType::kQ6_K) return cols / 256 * kPackedQ6KBlock;
   if (type == GgmlType::kQ5_K) return cols / 256 * kPackedQ5KBlock;
+  if (type == GgmlType::kQ2_K) return cols / 256 * kPackedQ2KBlock;
+  if (type == GgmlType::kQ3_K) return cols / 256 * kPackedQ3KBlock;
   if (type == GgmlType::kIQ4_XS) return cols / 256 * kPackedIQ4XSBlock;
   return 0;
 }

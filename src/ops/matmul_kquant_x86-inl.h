@@ -554,6 +554,103 @@ HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
 }
 
+// Q2_K and Q3_K packed 16 rows at a time (kPackedQ2KBlock, kPackedQ3KBlock
+// per super-block): per 16-column sub-block, 4 vpdpbusd per token for all 16
+// rows (codes 0..3, Q3_K's 0..7 with the third bit), the sums times the rows'
+// scales summed exactly over the super-block, then d * d_x; the offsets
+// (Q2_K: dmin * m; Q3_K: the code offset 4 * d * scale) through the tokens'
+// per-16-block d*sum(q), as the unpacked tiles.
+struct Q2KPacked {
+  static constexpr int64_t kBlock = kPackedQ2KBlock, kScAt = 1024;
+  static constexpr bool kThird = false;
+};
+struct Q3KPacked {
+  static constexpr int64_t kBlock = kPackedQ3KBlock, kScAt = 1536;
+  static constexpr bool kThird = true;
+};
+
+template <class P, int T>
+HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
+                                 float* y, int64_t y_stride) {
+  const int8_t* xq[T];
+  const float* xd[T];
+  const float* xs16[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.q8 + (t0 + t) * a.cols;
+    xd[t] = a.d + (t0 + t) * (a.cols / 32);
+    xs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
+  }
+  const __m512i two = _mm512_set1_epi8(3);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < ns; ++s) {
+    const uint8_t* blk = group + s * P::kBlock;
+    PrefetchBytes(blk + P::kBlock, P::kBlock);
+    __m512i isum[T];
+    __m512 off[T];  // sum over sub-blocks of the offset bytes x d*sum(q)
+    for (int t = 0; t < T; ++t) {
+      isum[t] = _mm512_setzero_si512();
+      off[t] = _mm512_setzero_ps();
+    }
+    for (int k = 0; k < 16; ++k) {
+      const __m512i v = _mm512_load_si512(blk + 64 * k);
+      __m512i third = _mm512_setzero_si512();
+      if constexpr (P::kThird) third = _mm512_load_si512(blk + 1024 + 64 * (k / 2));
+      __m512i c[4];
+      auto code = [&](auto c_const) {
+        constexpr int kC = decltype(c_const)::value;
+        c[kC] = _mm512_and_si512(kC == 0 ? v : _mm512_srli_epi16(v, 2 * kC), two);
+        if constexpr (P::kThird) {
+          // sub-block k's chunk kC is chunk 4 * (k % 2) + kC of its 32-block
+          c[kC] = _mm512_or_si512(
+              c[kC], k % 2 == 0 ? PackedFifth<kC, 2>(third) : PackedFifth<4 + kC, 2>(third));
+        }
+      };
+      code(std::integral_constant<int, 0>());
+      code(std::integral_constant<int, 1>());
+      code(std::integral_constant<int, 2>());
+      code(std::integral_constant<int, 3>());
+      const __m512i bytes = _mm512_cvtepu8_epi32(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(blk + P::kScAt + 16 * k)));
+      __m512i sc;
+      __m512 ob;  // the offset's per-row factor, before d or dmin
+      if constexpr (P::kThird) {
+        sc = _mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 24);  // int8
+        ob = _mm512_cvtepi32_ps(sc);
+      } else {
+        sc = _mm512_and_si512(bytes, _mm512_set1_epi32(0xF));
+        ob = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+      }
+      for (int t = 0; t < T; ++t) {
+        const int8_t* x = xq[t] + s * 256 + 16 * k;
+        __m512i dot = _mm512_setzero_si512();
+        for (int q = 0; q < 4; ++q) {
+          int32_t x4;
+          std::memcpy(&x4, x + 4 * q, 4);
+          dot = _mm512_dpbusd_epi32(dot, c[q], _mm512_set1_epi32(x4));
+        }
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, sc));
+        off[t] = _mm512_fmadd_ps(ob, _mm512_set1_ps(xs16[t][s * 16 + k]), off[t]);
+      }
+    }
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + P::kScAt + 256)));
+    __m512 od;  // dmin, or 4 * d
+    if constexpr (P::kThird) {
+      od = _mm512_mul_ps(d, _mm512_set1_ps(4.0f));
+    } else {
+      od = _mm512_cvtph_ps(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + P::kScAt + 256 + 32)));
+    }
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
+                               _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(od, off[t], acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
+}
+
 struct Q6KPacked {
   static constexpr int64_t kBlock = kPackedQ6KBlock;
 };
@@ -568,6 +665,8 @@ HWY_INLINE void KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_en
     TokenTiles<4>(n_tokens, [&](auto tile, int64_t t) {
       if constexpr (std::is_same_v<P, Q6KPacked>) {
         Q6KPackedTile<decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
+      } else if constexpr (std::is_same_v<P, Q2KPacked> || std::is_same_v<P, Q3KPacked>) {
+        KSmallPackedTile<P, decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
       } else {
         K4PackedTile<P, decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
       }

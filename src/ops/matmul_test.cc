@@ -332,6 +332,8 @@ TEST(MatMul, PackedQ4_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ4_K); }
 TEST(MatMul, PackedQ6_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ6_K); }
 TEST(MatMul, PackedQ5_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ5_K); }
 TEST(MatMul, PackedIQ4_XSMatchesReference) { CheckPackedKQuant(GgmlType::kIQ4_XS); }
+TEST(MatMul, PackedQ2_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ2_K); }
+TEST(MatMul, PackedQ3_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ3_K); }
 
 TEST(MatMul, PackedQ8_0MatchesReference) {
   ForEachSimdTarget([] {

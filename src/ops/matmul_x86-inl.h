@@ -111,10 +111,12 @@ HWY_INLINE __m256 Halves(__m512 v) {
 #if HWY_TARGET <= HWY_AVX3
 // Packed layouts' fifth bits (a 32-column block's vector: lane i, byte m, bit
 // j is row i's column 4j + m): chunk J's (columns 4J..4J+3) as 0x10 or 0.
-template <int J>
+// (kTo: the bit it goes to; Q3_K's third bit is 0x04.)
+template <int J, int kTo = 4>
 HWY_INLINE __m512i PackedFifth(__m512i bits) {
-  const __m512i moved = J <= 4 ? _mm512_slli_epi16(bits, 4 - J) : _mm512_srli_epi16(bits, J - 4);
-  return _mm512_and_si512(moved, _mm512_set1_epi8(0x10));
+  const __m512i moved =
+      J <= kTo ? _mm512_slli_epi16(bits, kTo - J) : _mm512_srli_epi16(bits, J - kTo);
+  return _mm512_and_si512(moved, _mm512_set1_epi8(static_cast<char>(1 << kTo)));
 }
 #endif
 
