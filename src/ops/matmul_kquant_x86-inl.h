@@ -393,22 +393,8 @@ template <class P, int T>
 HWY_INLINE void K4PackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
                              float* y, int64_t y_stride) {
   constexpr int64_t kSc = 8 * P::kJ;
-  const int64_t nb = a.cols / 32;
-  const int8_t* xq[T];
-  const float* xd[T];
-  const float* xs[T];
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.q8 + (t0 + t) * a.cols;
-    xd[t] = a.d + (t0 + t) * nb;
-    xs[t] = a.dxs + (t0 + t) * nb;
-  }
-  const __m512i nib = _mm512_set1_epi8(0xF);
-  __m512i table = _mm512_setzero_si512();
-  if constexpr (P::kTable) {  // the levels + 128, as unsigned bytes
-    table = _mm512_xor_si512(
-        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Table))),
-        _mm512_set1_epi8(static_cast<char>(0x80)));
-  }
+  const TokenPtrs<T> x(a, t0);
+  const __m512i table = P::kTable ? Iq4UnsignedTable() : _mm512_setzero_si512();
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
@@ -424,22 +410,14 @@ HWY_INLINE void K4PackedTile(const uint8_t* group, int64_t ns, const QuantActs& 
       for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
       auto chunk = [&](auto c_const) {
         constexpr int c = decltype(c_const)::value;
-        const __m512i v = _mm512_load_si512(bj + 64 * c);
-        __m512i lo = _mm512_and_si512(v, nib);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-        if constexpr (P::kFifth) {
-          lo = _mm512_or_si512(lo, PackedFifth<2 * c>(fifth));
-          hi = _mm512_or_si512(hi, PackedFifth<2 * c + 1>(fifth));
-        }
-        if constexpr (P::kTable) {
-          lo = _mm512_shuffle_epi8(table, lo);
-          hi = _mm512_shuffle_epi8(table, hi);
-        }
+        __m512i lo, hi;
+        PackedNibbles<P::kFifth, P::kTable, c>(_mm512_load_si512(bj + 64 * c), fifth, table, &lo,
+                                               &hi);
         for (int t = 0; t < T; ++t) {
-          const int8_t* x = xq[t] + s * 256 + 32 * j + 8 * c;
+          const int8_t* xc = x.q[t] + s * 256 + 32 * j + 8 * c;
           int32_t x0, x1;
-          std::memcpy(&x0, x, 4);
-          std::memcpy(&x1, x + 4, 4);
+          std::memcpy(&x0, xc, 4);
+          std::memcpy(&x1, xc + 4, 4);
           dot[t] = _mm512_dpbusd_epi32(dot[t], lo, _mm512_set1_epi32(x0));
           dot[t] = _mm512_dpbusd_epi32(dot[t], hi, _mm512_set1_epi32(x1));
         }
@@ -457,9 +435,9 @@ HWY_INLINE void K4PackedTile(const uint8_t* group, int64_t ns, const QuantActs& 
         _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kSc + (P::kTable ? 128 : 256))));
     for (int t = 0; t < T; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
-                               _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[t][s * 8])), acc[t]);
     }
-    K4PackedOffsets<P, T>(blk, xs, s, acc);
+    K4PackedOffsets<P, T>(blk, x.dxs, s, acc);
   }
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
 }
@@ -480,6 +458,18 @@ HWY_INLINE void Q6KCodes(__m512i nv, __m512i hv, __m512i* c0, __m512i* c1) {
   *c1 =
       _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(nv, 4), nib),
                       _mm512_and_si512(bits(std::integral_constant<int, 2 * (kM % 2) + 1>()), top));
+}
+
+// 16 columns of 16 packed rows (c[k]: columns 4k..4k+3, unsigned codes)
+// times a token's 16 activations at x: the rows' int32 sums.
+HWY_INLINE __m512i PackedDot16(const __m512i* c, const int8_t* x) {
+  __m512i dot = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    int32_t x4;
+    std::memcpy(&x4, x + 4 * k, 4);
+    dot = _mm512_dpbusd_epi32(dot, c[k], _mm512_set1_epi32(x4));
+  }
+  return dot;
 }
 
 // The 32 * d * scale offsets of super-block s's 16 sub-blocks times the
@@ -505,14 +495,7 @@ HWY_INLINE void Q6KPackedOffsets(const uint8_t* blk, __m512 d, const float* cons
 template <int T>
 HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
                               float* y, int64_t y_stride) {
-  const int8_t* xq[T];
-  const float* xd[T];
-  const float* xs16[T];
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.q8 + (t0 + t) * a.cols;
-    xd[t] = a.d + (t0 + t) * (a.cols / 32);
-    xs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
-  }
+  const TokenPtrs<T> x(a, t0);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
@@ -530,13 +513,7 @@ HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
         const __m512i sc = _mm512_cvtepi8_epi32(
             _mm_load_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * (2 * j + kH))));
         for (int t = 0; t < T; ++t) {
-          const int8_t* x = xq[t] + s * 256 + 32 * j + 16 * kH;
-          __m512i dot = _mm512_setzero_si512();
-          for (int k = 0; k < 4; ++k) {
-            int32_t x4;
-            std::memcpy(&x4, x + 4 * k, 4);
-            dot = _mm512_dpbusd_epi32(dot, c[k], _mm512_set1_epi32(x4));
-          }
+          const __m512i dot = PackedDot16(c, x.q[t] + s * 256 + 32 * j + 16 * kH);
           isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, sc));
         }
       };
@@ -547,9 +524,9 @@ HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
         _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 3328)));
     for (int t = 0; t < T; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
-                               _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[t][s * 8])), acc[t]);
     }
-    Q6KPackedOffsets<T>(blk, d, xs16, s, acc);
+    Q6KPackedOffsets<T>(blk, d, x.dxs16, s, acc);
   }
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
 }
@@ -572,14 +549,7 @@ struct Q3KPacked {
 template <class P, int T>
 HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
                                  float* y, int64_t y_stride) {
-  const int8_t* xq[T];
-  const float* xd[T];
-  const float* xs16[T];
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.q8 + (t0 + t) * a.cols;
-    xd[t] = a.d + (t0 + t) * (a.cols / 32);
-    xs16[t] = a.dxs16 + (t0 + t) * (a.cols / 16);
-  }
+  const TokenPtrs<T> x(a, t0);
   const __m512i two = _mm512_set1_epi8(3);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
@@ -622,15 +592,9 @@ HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantAc
         ob = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
       }
       for (int t = 0; t < T; ++t) {
-        const int8_t* x = xq[t] + s * 256 + 16 * k;
-        __m512i dot = _mm512_setzero_si512();
-        for (int q = 0; q < 4; ++q) {
-          int32_t x4;
-          std::memcpy(&x4, x + 4 * q, 4);
-          dot = _mm512_dpbusd_epi32(dot, c[q], _mm512_set1_epi32(x4));
-        }
+        const __m512i dot = PackedDot16(c, x.q[t] + s * 256 + 16 * k);
         isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, sc));
-        off[t] = _mm512_fmadd_ps(ob, _mm512_set1_ps(xs16[t][s * 16 + k]), off[t]);
+        off[t] = _mm512_fmadd_ps(ob, _mm512_set1_ps(x.dxs16[t][s * 16 + k]), off[t]);
       }
     }
     const __m512 d =
@@ -644,7 +608,7 @@ HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantAc
     }
     for (int t = 0; t < T; ++t) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
-                               _mm512_mul_ps(d, _mm512_set1_ps(xd[t][s * 8])), acc[t]);
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.d[t][s * 8])), acc[t]);
       acc[t] = _mm512_fnmadd_ps(od, off[t], acc[t]);
     }
   }

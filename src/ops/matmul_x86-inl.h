@@ -118,6 +118,32 @@ HWY_INLINE __m512i PackedFifth(__m512i bits) {
       J <= kTo ? _mm512_slli_epi16(bits, kTo - J) : _mm512_srli_epi16(bits, J - kTo);
   return _mm512_and_si512(moved, _mm512_set1_epi8(static_cast<char>(1 << kTo)));
 }
+
+// The IQ4 levels + 128 as unsigned bytes, in every 128-bit lane (for vpshufb).
+HWY_INLINE __m512i Iq4UnsignedTable() {
+  return _mm512_xor_si512(
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Table))),
+      _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+
+// The packed nibble layouts' codes of a 32-column block from its vector C
+// (lane i: row i's columns 8C..8C+3 in the low nibbles, 8C+4..8C+7 in the
+// high): *lo and *hi, with the fifth bits (kFifth) or through the IQ4 table
+// (kTable), as unsigned bytes.
+template <bool kFifth, bool kTable, int C>
+HWY_INLINE void PackedNibbles(__m512i v, __m512i fifth, __m512i table, __m512i* lo, __m512i* hi) {
+  const __m512i nib = _mm512_set1_epi8(0xF);
+  *lo = _mm512_and_si512(v, nib);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+  if constexpr (kFifth) {
+    *lo = _mm512_or_si512(*lo, PackedFifth<2 * C>(fifth));
+    *hi = _mm512_or_si512(*hi, PackedFifth<2 * C + 1>(fifth));
+  }
+  if constexpr (kTable) {
+    *lo = _mm512_shuffle_epi8(table, *lo);
+    *hi = _mm512_shuffle_epi8(table, *hi);
+  }
+}
 #endif
 
 // Prefetches [p, p + n) into L1, a cache line at a time (packed tiles read

@@ -336,18 +336,9 @@ struct B32Packed {
 template <class P, int C, int T>
 HWY_INLINE void B32PackedChunks(const uint8_t* unit, int k, __m512i fifth, __m512i table,
                                 const int8_t* const* xq, __m512i* sum) {
-  const __m512i v = _mm512_load_si512(unit + 64 * (4 * k + C));
-  const __m512i nib = _mm512_set1_epi8(0xF);
-  __m512i lo = _mm512_and_si512(v, nib);
-  __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-  if constexpr (P::kFifth) {
-    lo = _mm512_or_si512(lo, PackedFifth<2 * C>(fifth));
-    hi = _mm512_or_si512(hi, PackedFifth<2 * C + 1>(fifth));
-  }
-  if constexpr (P::kTable) {
-    lo = _mm512_shuffle_epi8(table, lo);
-    hi = _mm512_shuffle_epi8(table, hi);
-  }
+  __m512i lo, hi;
+  PackedNibbles<P::kFifth, P::kTable, C>(_mm512_load_si512(unit + 64 * (4 * k + C)), fifth, table,
+                                         &lo, &hi);
   for (int t = 0; t < T; ++t) {
     uint32_t xl, xh;
     std::memcpy(&xl, xq[t] + 8 * C, 4);
@@ -360,21 +351,8 @@ HWY_INLINE void B32PackedChunks(const uint8_t* unit, int k, __m512i fifth, __m51
 template <class P, int T>
 HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const QuantActs& a, int64_t t0,
                               float* y, int64_t y_stride) {
-  const int64_t nb = 2 * n_units;
-  const int8_t* xq[T];
-  const float* dx[T];
-  const float* dxs[T];
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.q8 + (t0 + t) * a.cols;
-    dx[t] = a.d + (t0 + t) * nb;
-    dxs[t] = a.dxs + (t0 + t) * nb;
-  }
-  __m512i table = _mm512_setzero_si512();
-  if constexpr (P::kTable) {  // the levels + 128, as unsigned bytes
-    table = _mm512_xor_si512(
-        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Table))),
-        _mm512_set1_epi8(static_cast<char>(0x80)));
-  }
+  const TokenPtrs<T> x(a, t0);
+  const __m512i table = P::kTable ? Iq4UnsignedTable() : _mm512_setzero_si512();
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t u = 0; u < n_units; ++u) {
@@ -388,7 +366,7 @@ HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const Quant
       const int8_t* xb[T];
       for (int t = 0; t < T; ++t) {
         sum[t] = _mm512_setzero_si512();
-        xb[t] = xq[t] + b * 32;
+        xb[t] = x.q[t] + b * 32;
       }
       B32PackedChunks<P, 0, T>(unit, k, fifth, table, xb, sum);
       B32PackedChunks<P, 1, T>(unit, k, fifth, table, xb, sum);
@@ -404,9 +382,9 @@ HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const Quant
         m = _mm512_mul_ps(dw, _mm512_set1_ps(P::kBias));
       }
       for (int t = 0; t < T; ++t) {
-        const __m512 eff = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t][b]));
+        const __m512 eff = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b]));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), eff, acc[t]);
-        acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(dxs[t][b]), acc[t]);
+        acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.dxs[t][b]), acc[t]);
       }
     }
   }
