@@ -546,11 +546,41 @@ struct Q3KPacked {
   static constexpr bool kThird = true;
 };
 
+// Sub-block k of a Q2_K/Q3_K packed super-block: its codes c[kC] (columns
+// 4kC..4kC+3), its scales *sc (int32 per row) and offset factors *ob.
+template <class P>
+HWY_INLINE void KSmallSubBlock(const uint8_t* blk, int k, __m512i* c, __m512i* sc, __m512* ob) {
+  const __m512i v = _mm512_load_si512(blk + 64 * k);
+  __m512i third = _mm512_setzero_si512();
+  if constexpr (P::kThird) third = _mm512_load_si512(blk + 1024 + 64 * (k / 2));
+  auto code = [&](auto c_const) {
+    constexpr int kC = decltype(c_const)::value;
+    c[kC] = _mm512_and_si512(kC == 0 ? v : _mm512_srli_epi16(v, 2 * kC), _mm512_set1_epi8(3));
+    if constexpr (P::kThird) {
+      // sub-block k's chunk kC is chunk 4 * (k % 2) + kC of its 32-block
+      c[kC] = _mm512_or_si512(
+          c[kC], k % 2 == 0 ? PackedFifth<kC, 2>(third) : PackedFifth<4 + kC, 2>(third));
+    }
+  };
+  code(std::integral_constant<int, 0>());
+  code(std::integral_constant<int, 1>());
+  code(std::integral_constant<int, 2>());
+  code(std::integral_constant<int, 3>());
+  const __m512i bytes = _mm512_cvtepu8_epi32(
+      _mm_load_si128(reinterpret_cast<const __m128i*>(blk + P::kScAt + 16 * k)));
+  if constexpr (P::kThird) {
+    *sc = _mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 24);  // int8
+    *ob = _mm512_cvtepi32_ps(*sc);
+  } else {
+    *sc = _mm512_and_si512(bytes, _mm512_set1_epi32(0xF));
+    *ob = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+  }
+}
+
 template <class P, int T>
 HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantActs& a, int64_t t0,
                                  float* y, int64_t y_stride) {
   const TokenPtrs<T> x(a, t0);
-  const __m512i two = _mm512_set1_epi8(3);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
@@ -563,34 +593,9 @@ HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantAc
       off[t] = _mm512_setzero_ps();
     }
     for (int k = 0; k < 16; ++k) {
-      const __m512i v = _mm512_load_si512(blk + 64 * k);
-      __m512i third = _mm512_setzero_si512();
-      if constexpr (P::kThird) third = _mm512_load_si512(blk + 1024 + 64 * (k / 2));
-      __m512i c[4];
-      auto code = [&](auto c_const) {
-        constexpr int kC = decltype(c_const)::value;
-        c[kC] = _mm512_and_si512(kC == 0 ? v : _mm512_srli_epi16(v, 2 * kC), two);
-        if constexpr (P::kThird) {
-          // sub-block k's chunk kC is chunk 4 * (k % 2) + kC of its 32-block
-          c[kC] = _mm512_or_si512(
-              c[kC], k % 2 == 0 ? PackedFifth<kC, 2>(third) : PackedFifth<4 + kC, 2>(third));
-        }
-      };
-      code(std::integral_constant<int, 0>());
-      code(std::integral_constant<int, 1>());
-      code(std::integral_constant<int, 2>());
-      code(std::integral_constant<int, 3>());
-      const __m512i bytes = _mm512_cvtepu8_epi32(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(blk + P::kScAt + 16 * k)));
-      __m512i sc;
+      __m512i c[4], sc;
       __m512 ob;  // the offset's per-row factor, before d or dmin
-      if constexpr (P::kThird) {
-        sc = _mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 24);  // int8
-        ob = _mm512_cvtepi32_ps(sc);
-      } else {
-        sc = _mm512_and_si512(bytes, _mm512_set1_epi32(0xF));
-        ob = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-      }
+      KSmallSubBlock<P>(blk, k, c, &sc, &ob);
       for (int t = 0; t < T; ++t) {
         const __m512i dot = PackedDot16(c, x.q[t] + s * 256 + 16 * k);
         isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, sc));
