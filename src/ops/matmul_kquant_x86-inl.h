@@ -399,7 +399,7 @@ HWY_INLINE void K4PackedTile(const uint8_t* group, int64_t ns, const QuantActs& 
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
     const uint8_t* blk = group + s * P::kBlock;
-    PrefetchBytes(blk + P::kBlock, P::kBlock);
+    PrefetchAhead(blk, P::kBlock);
     __m512i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
@@ -500,7 +500,7 @@ HWY_INLINE void Q6KPackedTile(const uint8_t* group, int64_t ns, const QuantActs&
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
     const uint8_t* blk = group + s * kPackedQ6KBlock;
-    PrefetchBytes(blk + kPackedQ6KBlock, kPackedQ6KBlock);
+    PrefetchAhead(blk, kPackedQ6KBlock);
     __m512i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
@@ -585,7 +585,7 @@ HWY_INLINE void KSmallPackedTile(const uint8_t* group, int64_t ns, const QuantAc
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < ns; ++s) {
     const uint8_t* blk = group + s * P::kBlock;
-    PrefetchBytes(blk + P::kBlock, P::kBlock);
+    PrefetchAhead(blk, P::kBlock);
     __m512i isum[T];
     __m512 off[T];  // sum over sub-blocks of the offset bytes x d*sum(q)
     for (int t = 0; t < T; ++t) {

@@ -277,8 +277,7 @@ HWY_INLINE void Q8PackedTile(const uint8_t* group, int64_t nb, const QuantActs& 
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kPackedQ8Block;
-    // Four blocks ahead (2.3 KB): the group streams from DRAM in a batch.
-    PrefetchBytes(blk + 4 * kPackedQ8Block, kPackedQ8Block);
+    PrefetchAhead(blk, kPackedQ8Block);
     __m512i sum[T];
     for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_si512();
     for (int c = 0; c < 8; ++c) {
@@ -357,7 +356,7 @@ HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const Quant
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t u = 0; u < n_units; ++u) {
     const uint8_t* unit = group + u * P::kUnit;
-    PrefetchBytes(unit + 4 * P::kUnit, P::kUnit);
+    PrefetchAhead(unit, P::kUnit);
     for (int k = 0; k < 2; ++k) {
       const int64_t b = 2 * u + k;
       __m512i fifth = _mm512_setzero_si512();
