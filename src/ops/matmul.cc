@@ -125,6 +125,32 @@ void ForPackedBlocks(const WeightMatrix& w, int64_t cols_per_block, int64_t pack
   }
 }
 
+// Row i's codes of a 32-column block as the packed nibble layouts hold them
+// (what PackedNibbles reads): 4 vectors of 64 bytes at dst, vector c's lane i
+// the codes of columns 8c..8c+3 in the low nibbles, 8c+4..8c+7 in the high.
+// code(e): the low 4 bits of column e's code.
+template <class Code>
+void PackNibbleVectors(uint8_t* dst, int i, Code&& code) {
+  for (int c = 0; c < 4; ++c) {
+    for (int k = 0; k < 4; ++k) {
+      dst[64 * c + 4 * i + k] = static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
+    }
+  }
+}
+
+// Row i's one-bit planes of a 32-column block (Q5's fifth bits, Q3_K's
+// third; what PackedFifth reads): one vector of 64 bytes at dst, lane i's
+// byte m bit j the bit of column 4j + m. bit(e): column e's bit. OR-ed in:
+// dst starts zeroed.
+template <class Bit>
+void PackBitVector(uint8_t* dst, int i, Bit&& bit) {
+  for (int e = 0; e < 32; ++e) dst[4 * i + e % 4] |= static_cast<uint8_t>(bit(e) << (e / 4));
+}
+
+// The low nibble of element e of a 16-byte nibble block at q (GGML's order:
+// e < 16 in byte e's low nibble, e >= 16 in byte e - 16's high one).
+int NibbleOf(const uint8_t* q, int e) { return (e < 16 ? q[e] : q[e - 16] >> 4) & 0xF; }
+
 void PackQ8_0(const WeightMatrix& w, uint8_t* dst) {
   ForPackedBlocks(w, 32, internal::kPackedQ8Block, dst,
                   [](uint8_t* blk, int i, const uint8_t* block) {
@@ -153,23 +179,12 @@ void PackK4(const WeightMatrix& w, uint8_t* dst) {
   const int64_t block = internal::PackedGroupBytes(w.type, 256);
   ForPackedBlocks(w, 256, block, dst, [&](uint8_t* blk, int i, const uint8_t* q) {
     for (int j = 0; j < 8; ++j) {
-      auto code = [&](int e) {  // the low 4 bits of element e of 32-block j
-        if (iq) return (e < 16 ? q[8 + 16 * j + e] : q[8 + 16 * j + e - 16] >> 4) & 0xF;
+      PackNibbleVectors(blk + kj * j, i, [&](int e) {  // the low 4 bits of element e of block j
+        if (iq) return NibbleOf(q + 8 + 16 * j, e);
         const uint8_t byte = q[(q5 ? 48 : 16) + 32 * (j / 2) + e];
         return j % 2 == 0 ? byte & 0xF : byte >> 4;
-      };
-      for (int c = 0; c < 4; ++c) {
-        for (int k = 0; k < 4; ++k) {
-          blk[kj * j + 64 * c + 4 * i + k] =
-              static_cast<uint8_t>(code(8 * c + k) | code(8 * c + 4 + k) << 4);
-        }
-      }
-      if (q5) {
-        for (int e = 0; e < 32; ++e) {
-          blk[kj * j + 256 + 4 * i + e % 4] |=
-              static_cast<uint8_t>(((q[16 + e] >> j) & 1) << (e / 4));
-        }
-      }
+      });
+      if (q5) PackBitVector(blk + kj * j + 256, i, [&](int e) { return (q[16 + e] >> j) & 1; });
       if (iq) {
         uint16_t high;
         std::memcpy(&high, q + 2, 2);
@@ -235,22 +250,13 @@ void PackB32(const WeightMatrix& w, uint8_t* dst) {
                   [&](uint8_t* unit, int i, const uint8_t* src) {
                     for (int k = 0; k < 2; ++k) {
                       const uint8_t* q = src + k * block_bytes;
-                      auto code = [&](int e) {
-                        return e < 16 ? q[qs_at + e] & 0xF : q[qs_at + e - 16] >> 4;
-                      };
-                      for (int c = 0; c < 4; ++c) {
-                        for (int b = 0; b < 4; ++b) {
-                          unit[64 * (4 * k + c) + 4 * i + b] =
-                              static_cast<uint8_t>(code(8 * c + b) | code(8 * c + 4 + b) << 4);
-                        }
-                      }
+                      PackNibbleVectors(unit + 256 * k, i,
+                                        [&](int e) { return NibbleOf(q + qs_at, e); });
                       if (fifth) {
                         uint32_t qh;
                         std::memcpy(&qh, q + 2 + (min ? 2 : 0), 4);
-                        for (int e = 0; e < 32; ++e) {
-                          unit[512 + 64 * k + 4 * i + e % 4] |=
-                              static_cast<uint8_t>(((qh >> e) & 1) << (e / 4));
-                        }
+                        PackBitVector(unit + 512 + 64 * k, i,
+                                      [&](int e) { return static_cast<int>((qh >> e) & 1); });
                       }
                       std::memcpy(unit + d_at + 32 * k + 2 * i, q, 2);
                       if (min) std::memcpy(unit + d_at + 64 + 32 * k + 2 * i, q + 2, 2);
@@ -274,10 +280,11 @@ void PackKSmall(const WeightMatrix& w, uint8_t* dst) {
                       const int j = n / 32, e = n % 32, k = n / 16, c = n % 16 / 4, m = n % 4;
                       const int low = (q[qs_at + 32 * (j / 4) + e] >> (2 * (j % 4))) & 3;
                       blk[64 * k + 4 * i + m] |= static_cast<uint8_t>(low << (2 * c));
-                      if (q3) {
-                        const int third = (q[e] >> j) & 1;
-                        blk[1024 + 64 * j + 4 * i + e % 4] |=
-                            static_cast<uint8_t>(third << (e / 4));
+                    }
+                    if (q3) {
+                      for (int j = 0; j < 8; ++j) {
+                        PackBitVector(blk + 1024 + 64 * j, i,
+                                      [&](int e) { return (q[e] >> j) & 1; });
                       }
                     }
                     int8_t sc3[16];
@@ -293,9 +300,10 @@ void PackKSmall(const WeightMatrix& w, uint8_t* dst) {
 }  // namespace
 
 void PackWeights(const WeightMatrix& w, void* out) {
-  // The padding, and Q6_K's OR-ed bits, start from zero.
-  std::memset(out, 0,
-              static_cast<size_t>(w.rows / 16 * internal::PackedGroupBytes(w.type, w.cols)));
+  const int64_t group = internal::PackedGroupBytes(w.type, w.cols);
+  if (group == 0) return;  // no layout (PackedWeightBytes is 0)
+  // The padding, and the OR-ed bits, start from zero.
+  std::memset(out, 0, static_cast<size_t>(w.rows / 16 * group));
   if (w.type == GgmlType::kQ8_0) return PackQ8_0(w, static_cast<uint8_t*>(out));
   if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ5_K || w.type == GgmlType::kIQ4_XS) {
     return PackK4(w, static_cast<uint8_t*>(out));
@@ -304,9 +312,7 @@ void PackWeights(const WeightMatrix& w, void* out) {
   if (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) {
     return PackKSmall(w, static_cast<uint8_t*>(out));
   }
-  if (internal::PackedGroupBytes(w.type, w.cols) > 0 && internal::PackedB32UnitBytes(w.type) > 0) {
-    PackB32(w, static_cast<uint8_t*>(out));
-  }
+  if (internal::PackedB32UnitBytes(w.type) > 0) PackB32(w, static_cast<uint8_t*>(out));
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,

@@ -53,12 +53,13 @@ struct WeightMatrix {
   const void* packed = nullptr;
 };
 
-// Packed weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K and Q6_K rows
-// interleaved 16 at a time so that one AVX512-VNNI instruction multiplies 4
-// columns of 16 rows by a token's 4 activations, and each block's scales and
-// convert serve 16 rows at once (the layouts are internal: matmul_kernels.h
-// kPackedQ8Block, PackedB32UnitBytes, kPackedQ4KBlock, kPackedQ6KBlock; the
-// 4- and 5-bit 32-element formats need rows of a multiple of 64 columns).
+// Packed weights: every quantized type's rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) interleaved 16 at a time so
+// that one AVX512-VNNI instruction multiplies 4 columns of 16 rows by a
+// token's 4 activations, and each block's scales and convert serve 16 rows at
+// once (the layouts are internal: matmul_kernels.h PackedGroupBytes and the
+// constants it names; the 4- and 5-bit 32-element formats need rows of a
+// multiple of 64 columns).
 // Same results as the unpacked kernels up to float summation order (the
 // integer sums are the same). 0 when this machine's best kernels have no
 // packed layout for the type (other types, CPUs without AVX512-VNNI) or the

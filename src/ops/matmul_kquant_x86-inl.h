@@ -407,20 +407,14 @@ HWY_INLINE void K4PackedTile(const uint8_t* group, int64_t ns, const QuantActs& 
       __m512i fifth = _mm512_setzero_si512();
       if constexpr (P::kFifth) fifth = _mm512_load_si512(bj + 256);
       __m512i dot[T];
-      for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
-      auto chunk = [&](auto c_const) {
-        constexpr int c = decltype(c_const)::value;
-        __m512i lo, hi;
-        PackedNibbles<P::kFifth, P::kTable, c>(_mm512_load_si512(bj + 64 * c), fifth, table, &lo,
-                                               &hi);
-        for (int t = 0; t < T; ++t) {
-          const int8_t* xc = x.q[t] + s * 256 + 32 * j + 8 * c;
-          int32_t x0, x1;
-          std::memcpy(&x0, xc, 4);
-          std::memcpy(&x1, xc + 4, 4);
-          dot[t] = _mm512_dpbusd_epi32(dot[t], lo, _mm512_set1_epi32(x0));
-          dot[t] = _mm512_dpbusd_epi32(dot[t], hi, _mm512_set1_epi32(x1));
-        }
+      const int8_t* xj[T];
+      for (int t = 0; t < T; ++t) {
+        dot[t] = _mm512_setzero_si512();
+        xj[t] = x.q[t] + s * 256 + 32 * j;
+      }
+      auto chunk = [&]<int C>(std::integral_constant<int, C>) {
+        PackedChunkDots<P::kFifth, P::kTable, C, T>(_mm512_load_si512(bj + 64 * C), fifth, table,
+                                                    xj, dot);
       };
       chunk(std::integral_constant<int, 0>());
       chunk(std::integral_constant<int, 1>());

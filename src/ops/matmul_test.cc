@@ -315,11 +315,9 @@ TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
   });
 }
 
-// Q8_0 packed 16 rows at a time: row counts around the groups of 16 (the
-// rest unpacked), token counts around the tiles of 8, codes at every byte
-// value (-128 included: the unsigned-activation correction must be exact).
-// Q4_K packed likewise: rows around 16, tokens around the tiles, every code,
-// scale and min (random bits).
+// The K-quants packed 16 rows at a time: row counts around the groups of 16
+// (the rest unpacked), token counts around the tiles of 4, every code, scale
+// and min (random bits).
 void CheckPackedKQuant(GgmlType type) {
   ForEachSimdTarget([type] {
     const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 256, 19},
@@ -335,6 +333,8 @@ TEST(MatMul, PackedIQ4_XSMatchesReference) { CheckPackedKQuant(GgmlType::kIQ4_XS
 TEST(MatMul, PackedQ2_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ2_K); }
 TEST(MatMul, PackedQ3_KMatchesReference) { CheckPackedKQuant(GgmlType::kQ3_K); }
 
+// Q8_0 likewise (tiles of 8 tokens), codes at every byte value (-128
+// included: the unsigned-activation correction must be exact).
 TEST(MatMul, PackedQ8_0MatchesReference) {
   ForEachSimdTarget([] {
     const std::vector<Shape> shapes = {{16, 256, 1}, {35, 512, 7}, {48, 64, 19}, {33, 96, 8},

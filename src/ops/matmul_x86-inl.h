@@ -45,6 +45,9 @@
 #endif
 
 HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+#pragma GCC target("avx512vnni")  // as in matmul_x86_b32-inl.h: for PackedChunkDots
+#endif
 namespace meshnet::ops::internal {
 namespace HWY_NAMESPACE {
 
@@ -144,6 +147,25 @@ HWY_INLINE void PackedNibbles(__m512i v, __m512i fifth, __m512i table, __m512i* 
     *hi = _mm512_shuffle_epi8(table, *hi);
   }
 }
+
+#if HWY_TARGET == HWY_AVX3_DL && MESHNET_OPS_VNNI
+// Columns 8C..8C+7 of a packed nibble block (its vector C) into sum[t], the
+// 16 rows' int32 sums, for T tokens whose activations of that 32-column block
+// start at x[t]: the codes decoded once, two vpdpbusd per token.
+template <bool kFifth, bool kTable, int C, int T>
+HWY_INLINE void PackedChunkDots(__m512i v, __m512i fifth, __m512i table, const int8_t* const* x,
+                                __m512i* sum) {
+  __m512i lo, hi;
+  PackedNibbles<kFifth, kTable, C>(v, fifth, table, &lo, &hi);
+  for (int t = 0; t < T; ++t) {
+    int32_t xl, xh;
+    std::memcpy(&xl, x[t] + 8 * C, 4);
+    std::memcpy(&xh, x[t] + 8 * C + 4, 4);
+    sum[t] = _mm512_dpbusd_epi32(sum[t], lo, _mm512_set1_epi32(xl));
+    sum[t] = _mm512_dpbusd_epi32(sum[t], hi, _mm512_set1_epi32(xh));
+  }
+}
+#endif  // HWY_AVX3_DL
 #endif
 
 // Prefetches [p, p + n) into L1, a cache line at a time (packed tiles read

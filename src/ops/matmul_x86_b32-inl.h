@@ -331,22 +331,6 @@ struct B32Packed {
   static constexpr int64_t kDAt = kFifth ? 640 : 512;  // then kMin's m at kDAt + 64
 };
 
-// Columns 8C..8C+7 of block k of a unit into sum[t]: the codes decoded once.
-template <class P, int C, int T>
-HWY_INLINE void B32PackedChunks(const uint8_t* unit, int k, __m512i fifth, __m512i table,
-                                const int8_t* const* xq, __m512i* sum) {
-  __m512i lo, hi;
-  PackedNibbles<P::kFifth, P::kTable, C>(_mm512_load_si512(unit + 64 * (4 * k + C)), fifth, table,
-                                         &lo, &hi);
-  for (int t = 0; t < T; ++t) {
-    uint32_t xl, xh;
-    std::memcpy(&xl, xq[t] + 8 * C, 4);
-    std::memcpy(&xh, xq[t] + 8 * C + 4, 4);
-    sum[t] = _mm512_dpbusd_epi32(sum[t], lo, _mm512_set1_epi32(static_cast<int>(xl)));
-    sum[t] = _mm512_dpbusd_epi32(sum[t], hi, _mm512_set1_epi32(static_cast<int>(xh)));
-  }
-}
-
 template <class P, int T>
 HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const QuantActs& a, int64_t t0,
                               float* y, int64_t y_stride) {
@@ -367,10 +351,14 @@ HWY_INLINE void B32PackedTile(const uint8_t* group, int64_t n_units, const Quant
         sum[t] = _mm512_setzero_si512();
         xb[t] = x.q[t] + b * 32;
       }
-      B32PackedChunks<P, 0, T>(unit, k, fifth, table, xb, sum);
-      B32PackedChunks<P, 1, T>(unit, k, fifth, table, xb, sum);
-      B32PackedChunks<P, 2, T>(unit, k, fifth, table, xb, sum);
-      B32PackedChunks<P, 3, T>(unit, k, fifth, table, xb, sum);
+      auto chunk = [&]<int C>(std::integral_constant<int, C>) {
+        PackedChunkDots<P::kFifth, P::kTable, C, T>(_mm512_load_si512(unit + 64 * (4 * k + C)),
+                                                    fifth, table, xb, sum);
+      };
+      chunk(std::integral_constant<int, 0>());
+      chunk(std::integral_constant<int, 1>());
+      chunk(std::integral_constant<int, 2>());
+      chunk(std::integral_constant<int, 3>());
       const __m512 dw = _mm512_cvtph_ps(
           _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + P::kDAt + 32 * k)));
       __m512 m;
