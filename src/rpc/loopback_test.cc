@@ -367,6 +367,14 @@ TEST(LoopbackTest, HealthAndMetrics) {
   EXPECT_GT(testing::MetricValue(text, "meshnet_kv_bytes_reserved"), 0);
   EXPECT_EQ(testing::MetricValue(text, "meshnet_kv_misses_total{reason=\"evicted-lru\"}"), 0);
   EXPECT_EQ(testing::MetricValue(text, "meshnet_step_latency_seconds_count"), 5);
+  // Continuous batching: a lone session's prompt and its 4 decode steps, one
+  // batch each.
+  EXPECT_EQ(testing::MetricValue(text, "meshnet_batches_total"), 5);
+  EXPECT_EQ(testing::MetricValue(text, "meshnet_batch_steps_total"), 5);
+  EXPECT_EQ(testing::MetricValue(text, "meshnet_batch_rows_total"),
+            static_cast<double>(std::size(kPrompt) + 4));
+  EXPECT_EQ(testing::MetricValue(text, "meshnet_batch_max_sessions"), 1);
+  EXPECT_GT(testing::MetricValue(text, "meshnet_batch_busy_seconds_total"), 0);
 }
 
 }  // namespace

@@ -185,6 +185,22 @@ void AddHeapTrimCounters(std::vector<MetricFamily>& out) {
   out.push_back(std::move(trims));
 }
 
+// The node's continuous batching (node/batcher.h): how full its forward passes
+// are and how much of the time it computes.
+void AddBatchCounters(std::vector<MetricFamily>& out, const node::BatchStats& b) {
+  AddCounter(out, "meshnet_batches_total", "Batched forward passes run", b.batches);
+  AddCounter(out, "meshnet_batch_rows_total", "Token rows computed in batched forward passes",
+             b.rows);
+  AddCounter(out, "meshnet_batch_steps_total",
+             "Sessions' steps in batched forward passes (summed over the batches)", b.steps);
+  AddGauge(out, "meshnet_batch_max_sessions", "Most sessions seen in one batch",
+           static_cast<double>(b.max_sessions.load()));
+  MetricFamily busy = Family("meshnet_batch_busy_seconds_total",
+                             "Time spent in batched forward passes", MetricType::Counter);
+  busy.metric.push_back(Counter(static_cast<double>(b.busy_ns.load()) * 1e-9));
+  out.push_back(std::move(busy));
+}
+
 }  // namespace
 
 std::vector<MetricFamily> NodeMetrics::Collect() const {
@@ -197,6 +213,7 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   AddLatency(out, c);
   AddMigrationCounters(out, c, core_->draining());
   AddHeapTrimCounters(out);
+  AddBatchCounters(out, core_->node().batcher().stats());
   return out;
 }
 

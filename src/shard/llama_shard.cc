@@ -1,5 +1,7 @@
 #include "shard/llama_shard.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -243,6 +245,13 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
   void* mm = ws->mm.data();
   for (const model::LayerWeights& lw : weights_.layers()) {
     if (check_cancel && StepCancelled()) break;  // thrown below, once the workspace is back
+    // Let threads waiting for this core run between layers: on a node whose
+    // cores are shared (several nodes, or the client, on one machine) the
+    // threads that pass other sessions' activations on would otherwise wait
+    // up to a scheduler slice behind this forward pass, and steps arrive
+    // spread out, in smaller batches. With nothing else runnable this returns
+    // at once (one syscall per layer).
+    sched_yield();
     // ---- attention ----
     rms_norm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);             // (n, n_embd)
     Mm(ggml_parity_, Matrix(lw.wq), xb, n, ws->q.data(), mm, pool_);  // (n, q_dim)
