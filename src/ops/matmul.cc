@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "ops/matmul_kernels.h"
@@ -36,21 +37,6 @@ void ForRows(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_chunk) {
   } else {
     fn(0, n);
   }
-}
-
-// The packed rows in groups of 16 over the pool, the rest as usual.
-void MatMulPacked(const WeightMatrix& w, const internal::QuantActs& acts, int64_t n_tokens,
-                  float* y, ThreadPool* pool) {
-  if (w.type == GgmlType::kQ8_0) {  // its packed tile reads the activations as unsigned
-    const int64_t n = n_tokens * w.cols;
-    for (int64_t i = 0; i < n; ++i) acts.u8[i] = static_cast<uint8_t>(acts.q8[i]) ^ 0x80;
-  }
-  const int64_t groups = w.rows / 16;
-  ForRows(
-      pool, groups,
-      [&](int64_t g0, int64_t g1) { internal::MatMulPackedRows(w, g0, g1, acts, n_tokens, y); },
-      n_tokens == 1 ? 2 : 1);
-  if (groups * 16 < w.rows) internal::MatMulQuantRows(w, groups * 16, w.rows, acts, n_tokens, y);
 }
 
 }  // namespace
@@ -315,64 +301,170 @@ void PackWeights(const WeightMatrix& w, void* out) {
   if (internal::PackedB32UnitBytes(w.type) > 0) PackB32(w, static_cast<uint8_t*>(out));
 }
 
-void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
-            ThreadPool* pool) {
-  if (n_tokens <= 0 || w.rows <= 0) return;
-  if (RowBytes(w.type, w.cols) * w.rows * n_tokens < kMinParallelWork) pool = nullptr;
-  const int64_t groups = (w.rows + kRowGroup - 1) / kRowGroup;
-  // Enough groups per chunk that a chunk streams a few hundred KB in decode.
-  const int64_t min_chunk = n_tokens == 1 ? 8 : 1;
-  if (!MatMulQuantizesActivations(w.type)) {
-    // F16 weights: round the activations once when there is scratch for them
-    // (else each row's kernel rounds them again).
-    bool round_acts = w.type == GgmlType::kF16;
-    const float* xa = x;
-    if (round_acts && scratch != nullptr) {
-      auto* xr = reinterpret_cast<float*>(AlignUp(scratch));
-      internal::RoundToF16(x, n_tokens * w.cols, xr);
-      xa = xr;
-      round_acts = false;
-    }
-    ForRows(
-        pool, groups,
-        [&](int64_t g0, int64_t g1) {
+namespace {
+
+// The matrices of one MatMulMany call that share their prepared activations,
+// each a range of work units (groups of 16 packed rows, or of kRowGroup rows)
+// in one index space, so that one parallel job covers them all.
+struct Parts {
+  const WeightMatrix* w[kMaxMany];
+  float* y[kMaxMany];
+  int64_t first[kMaxMany + 1];  // unit index where matrix i starts; first[n] = total
+  int n = 0;
+  bool packed = false;
+};
+
+// Calls fn(w, y, local_begin, local_end) for each matrix's share of units
+// [u0, u1).
+template <class Fn>
+void ForEachPart(const Parts& p, int64_t u0, int64_t u1, Fn&& fn) {
+  for (int i = 0; i < p.n && u0 < u1; ++i) {
+    const int64_t lo = std::max(u0, p.first[i]), hi = std::min(u1, p.first[i + 1]);
+    if (lo < hi) fn(*p.w[i], p.y[i], lo - p.first[i], hi - p.first[i]);
+  }
+}
+
+// The float types (F32, BF16, F16: activations rounded once into scratch).
+void MatMulFloatParts(const Parts& p, const float* x, int64_t n_tokens, void* scratch,
+                      ThreadPool* pool, int64_t min_chunk) {
+  bool round_acts = p.w[0]->type == GgmlType::kF16;
+  const float* xa = x;
+  if (round_acts && scratch != nullptr) {
+    auto* xr = reinterpret_cast<float*>(AlignUp(scratch));
+    internal::RoundToF16(x, n_tokens * p.w[0]->cols, xr);
+    xa = xr;
+    round_acts = false;
+  }
+  ForRows(
+      pool, p.first[p.n],
+      [&](int64_t u0, int64_t u1) {
+        ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {
           internal::MatMulFloatRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), xa,
                                     n_tokens, y, round_acts);
-        },
-        min_chunk);
-    return;
-  }
+        });
+      },
+      min_chunk);
+}
+
+// The activations of the Q* types, quantized once into scratch (over the pool
+// when there are several tokens); the packed Q8_0 tile also reads them as
+// unsigned bytes.
+internal::QuantActs QuantizeInto(GgmlType type, const float* x, int64_t n_tokens, int64_t cols,
+                                 bool unsigned_too, void* scratch, ThreadPool* pool) {
   const auto nt = static_cast<size_t>(n_tokens);
-  const auto nb = static_cast<size_t>(w.cols / 32);
+  const auto nb = static_cast<size_t>(cols / 32);
   uint8_t* p = AlignUp(scratch);
   internal::QuantActs acts;
-  acts.cols = w.cols;
+  acts.cols = cols;
   acts.q = reinterpret_cast<int16_t*>(p);
-  p += RoundUp(nt * static_cast<size_t>(w.cols) * sizeof(int16_t));
+  p += RoundUp(nt * static_cast<size_t>(cols) * sizeof(int16_t));
   acts.q8 = reinterpret_cast<int8_t*>(p);
-  p += RoundUp(nt * static_cast<size_t>(w.cols));
-  if (w.packed != nullptr) acts.u8 = p;
-  p += RoundUp(nt * static_cast<size_t>(w.cols));
+  p += RoundUp(nt * static_cast<size_t>(cols));
+  if (unsigned_too) acts.u8 = p;
+  p += RoundUp(nt * static_cast<size_t>(cols));
   acts.d = reinterpret_cast<float*>(p);
   p += RoundUp(nt * nb * sizeof(float));
   acts.dxs = reinterpret_cast<float*>(p);
   p += RoundUp(nt * nb * sizeof(float));
   acts.dxs16 = reinterpret_cast<float*>(p);
-  const ActFormat fmt = ActFormatFor(w.type);
+  const ActFormat fmt = ActFormatFor(type);
+  auto quantize = [&](int64_t t0, int64_t t1) {
+    internal::QuantizeActs(fmt, x, t0, t1, acts);
+    if (acts.u8 == nullptr) return;
+    for (int64_t i = t0 * cols; i < t1 * cols; ++i) {
+      acts.u8[i] = static_cast<uint8_t>(acts.q8[i]) ^ 0x80;
+    }
+  };
   if (n_tokens == 1 || pool == nullptr) {
-    internal::QuantizeActs(fmt, x, 0, n_tokens, acts);
+    quantize(0, n_tokens);
   } else {
-    pool->ParallelFor(
-        n_tokens, [&](int64_t t0, int64_t t1) { internal::QuantizeActs(fmt, x, t0, t1, acts); });
+    pool->ParallelFor(n_tokens, quantize);
   }
-  if (w.packed != nullptr) return MatMulPacked(w, acts, n_tokens, y, pool);
+  return acts;
+}
+
+void MatMulQuantParts(const Parts& p, const float* x, int64_t n_tokens, void* scratch,
+                      ThreadPool* pool, int64_t min_chunk) {
+  const WeightMatrix& w0 = *p.w[0];
+  // The packed Q8_0 tile reads the activations as unsigned.
+  const bool unsigned_too = p.packed && w0.type == GgmlType::kQ8_0;
+  const internal::QuantActs acts =
+      QuantizeInto(w0.type, x, n_tokens, w0.cols, unsigned_too, scratch, pool);
+  if (!p.packed) {
+    ForRows(
+        pool, p.first[p.n],
+        [&](int64_t u0, int64_t u1) {
+          ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {
+            internal::MatMulQuantRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), acts,
+                                      n_tokens, y);
+          });
+        },
+        min_chunk);
+    return;
+  }
   ForRows(
-      pool, groups,
-      [&](int64_t g0, int64_t g1) {
-        internal::MatMulQuantRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), acts,
-                                  n_tokens, y);
+      pool, p.first[p.n],
+      [&](int64_t u0, int64_t u1) {
+        ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {
+          internal::MatMulPackedRows(w, g0, g1, acts, n_tokens, y);
+        });
       },
-      min_chunk);
+      n_tokens == 1 ? 2 : 1);
+  for (int i = 0; i < p.n; ++i) {  // rows past the last group of 16
+    const WeightMatrix& w = *p.w[i];
+    const int64_t done = w.rows / 16 * 16;
+    if (done < w.rows) internal::MatMulQuantRows(w, done, w.rows, acts, n_tokens, p.y[i]);
+  }
+}
+
+// Whether MatMulMany can prepare the activations once for all of them.
+bool ShareInput(std::span<const WeightMatrix* const> ws) {
+  for (const WeightMatrix* w : ws) {
+    if (w->type != ws[0]->type || w->cols != ws[0]->cols ||
+        (w->packed != nullptr) != (ws[0]->packed != nullptr)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
+            ThreadPool* pool) {
+  const WeightMatrix* ws[1] = {&w};
+  float* ys[1] = {y};
+  MatMulMany(ws, x, n_tokens, ys, scratch, pool);
+}
+
+void MatMulMany(std::span<const WeightMatrix* const> ws, const float* x, int64_t n_tokens,
+                std::span<float* const> ys, void* scratch, ThreadPool* pool) {
+  if (n_tokens <= 0 || ws.empty()) return;
+  if (ws.size() > static_cast<size_t>(kMaxMany) || !ShareInput(ws)) {
+    for (size_t i = 0; i < ws.size(); ++i) MatMul(*ws[i], x, n_tokens, ys[i], scratch, pool);
+    return;
+  }
+  Parts p;
+  p.packed = ws[0]->packed != nullptr;
+  int64_t work = 0;
+  p.first[0] = 0;
+  for (const WeightMatrix* w : ws) {
+    p.w[p.n] = w;
+    p.y[p.n] = ys[static_cast<size_t>(p.n)];
+    const int64_t units = p.packed ? w->rows / 16 : (w->rows + kRowGroup - 1) / kRowGroup;
+    p.first[p.n + 1] = p.first[p.n] + units;
+    work += RowBytes(w->type, w->cols) * w->rows * n_tokens;
+    ++p.n;
+  }
+  if (p.first[p.n] == 0 && !p.packed) return;  // no rows
+  if (work < kMinParallelWork) pool = nullptr;
+  // Enough groups per chunk that a chunk streams a few hundred KB in decode.
+  const int64_t min_chunk = n_tokens == 1 ? 8 : 1;
+  if (MatMulQuantizesActivations(ws[0]->type)) {
+    MatMulQuantParts(p, x, n_tokens, scratch, pool, min_chunk);
+  } else {
+    MatMulFloatParts(p, x, n_tokens, scratch, pool, min_chunk);
+  }
 }
 
 // ---------------------------------------------------------------- references

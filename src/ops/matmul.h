@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "ops/ggml_type.h"
 #include "util/thread_pool.h"
@@ -79,6 +80,16 @@ size_t MatMulScratchBytes(GgmlType type, int64_t n_tokens, int64_t cols);
 // y: (n_tokens, w.rows) = x: (n_tokens, w.cols) * W^T.
 void MatMul(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y, void* scratch,
             ThreadPool* pool);
+// ys[i] = x * ws[i]^T for several matrices of the same input (a layer's Q, K
+// and V; gate and up): when they share type, row length and packing, the
+// activations are prepared once and the rows of all of them form one
+// parallel job (one fork and join instead of one per matrix, and no thread
+// idles at the end of a small matrix); otherwise (or more than kMaxMany)
+// one MatMul each. Each ys[i] is bit for bit MatMul(*ws[i], x, ...).
+// Scratch: MatMulScratchBytes of the first matrix.
+inline constexpr int kMaxMany = 4;
+void MatMulMany(std::span<const WeightMatrix* const> ws, const float* x, int64_t n_tokens,
+                std::span<float* const> ys, void* scratch, ThreadPool* pool);
 
 // llama.cpp parity (ggml_matmul.cc): y = x W^T in the arithmetic of ggml's
 // CPU vec_dot for F16, Q8_0 and Q5_1 weights (the types of the Q5_K presets

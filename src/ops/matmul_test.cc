@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -496,6 +497,84 @@ TEST(MatMul, Q8KActivationsScaleByTheSignedMaxOf256) {
   EXPECT_EQ(q[3], -127);
   EXPECT_EQ(q[200], 127);
   EXPECT_EQ(q[9], -2);
+}
+
+// Weights of `type` with PackWeights' layout (when the type has one here)
+// in `packed_bytes`.
+void Pack(Weights& wt, std::vector<uint8_t>& packed_bytes) {
+  const int64_t group = internal::PackedGroupBytes(wt.w.type, wt.w.cols);
+  if (group == 0 || wt.w.rows < 16) return;
+  packed_bytes.resize(static_cast<size_t>(wt.w.rows / 16 * group) + 64);
+  void* at = packed_bytes.data() + (64 - reinterpret_cast<uintptr_t>(packed_bytes.data()) % 64);
+  PackWeights(wt.w, at);
+  wt.w.packed = at;
+}
+
+// MatMulMany over matrices of the same input gives each output bit for bit
+// as MatMul of its matrix alone: rows around the groups of 16 and 4, decode
+// and batch token counts, with and without pools and packing, and matrices
+// of mixed types (which it runs one by one).
+TEST(MatMul, ManyMatchesOneAtATime) {
+  const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
+                            GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                            GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ2_K};
+  ForEachSimdTarget([&] {
+    ThreadPool pool2(2);
+    ThreadPool pool3(3);
+    ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+    uint32_t seed = 7;
+    for (GgmlType type : types) {
+      for (bool packed : {false, true}) {
+        for (const int64_t rows_of_first : {160, 17}) {
+          const int64_t cols = 512;
+          // The last matrix is of another type when mixed: one MatMul each.
+          for (bool mixed : {false, true}) {
+            const GgmlType last =
+                mixed ? (type == GgmlType::kQ8_0 ? GgmlType::kQ4_K : GgmlType::kQ8_0) : type;
+            std::vector<Weights> wts;
+            wts.push_back(MakeWeights(type, rows_of_first, cols, seed++));
+            wts.push_back(MakeWeights(type, 48, cols, seed++));
+            wts.push_back(MakeWeights(last, 35, cols, seed++));
+            std::vector<std::vector<uint8_t>> packs(wts.size());
+            for (size_t i = 0; packed && i < wts.size(); ++i) Pack(wts[i], packs[i]);
+            for (int64_t n_tokens : {1, 5, 16}) {
+              const std::vector<float> x = RandomActs(n_tokens, cols, seed++);
+              size_t scratch_bytes = 0;
+              for (const Weights& w : wts) {
+                scratch_bytes =
+                    std::max(scratch_bytes, MatMulScratchBytes(w.w.type, n_tokens, cols));
+              }
+              std::vector<uint8_t> scratch(scratch_bytes + 1);
+              for (ThreadPool* pool : pools) {
+                std::vector<std::vector<float>> alone(wts.size()), many(wts.size());
+                const WeightMatrix* ws[3];
+                float* ys[3];
+                for (size_t i = 0; i < wts.size(); ++i) {
+                  const size_t n = static_cast<size_t>(n_tokens * wts[i].w.rows);
+                  alone[i].assign(n, 0.0f);
+                  many[i].assign(n + 1, -12345.0f);  // last: overrun guard
+                  MatMul(wts[i].w, x.data(), n_tokens, alone[i].data(), scratch.data() + 1, pool);
+                  ws[i] = &wts[i].w;
+                  ys[i] = many[i].data();
+                }
+                MatMulMany(ws, x.data(), n_tokens, ys, scratch.data() + 1, pool);
+                for (size_t i = 0; i < wts.size(); ++i) {
+                  EXPECT_EQ(many[i].back(), -12345.0f) << "wrote past output " << i;
+                  many[i].pop_back();
+                  ASSERT_EQ(
+                      std::memcmp(many[i].data(), alone[i].data(), alone[i].size() * sizeof(float)),
+                      0)
+                      << GgmlTypeInfoOf(type).name << " packed=" << packed << " mixed=" << mixed
+                      << " rows=" << wts[i].w.rows << " tokens=" << n_tokens << " output " << i
+                      << " threads=" << (pool ? pool->num_threads() : 1);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 TEST(MatMul, ZeroTokensOrRowsIsANoOp) {

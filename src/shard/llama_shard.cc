@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <new>
+#include <span>
 #include <string>
 
 #include "ops/matmul.h"
@@ -59,6 +61,24 @@ void Mm(bool ggml_parity, const ops::WeightMatrix& w, const float* x, int64_t n,
         void* scratch, ThreadPool* pool) {
   if (ggml_parity && ops::MatMulGgmlSupports(w.type)) return ops::MatMulGgml(w, x, n, y, pool);
   ops::MatMul(w, x, n, y, scratch, pool);
+}
+
+// Matrices of the same input x (Q, K and V; gate and up): one MatMulMany (the
+// activations prepared once, one parallel job), or in ggml_parity mode one
+// Mm each.
+void MmMany(bool ggml_parity, std::initializer_list<ops::WeightMatrix> ws, const float* x,
+            int64_t n, std::initializer_list<float*> ys, void* scratch, ThreadPool* pool) {
+  const ops::WeightMatrix* w[ops::kMaxMany];
+  float* y[ops::kMaxMany];
+  size_t k = 0;
+  for (const ops::WeightMatrix& m : ws) w[k++] = &m;
+  k = 0;
+  for (float* o : ys) y[k++] = o;
+  if (ggml_parity) {
+    for (size_t i = 0; i < k; ++i) Mm(true, *w[i], x, n, y[i], scratch, pool);
+    return;
+  }
+  ops::MatMulMany(std::span(w, k), x, n, std::span(y, k), scratch, pool);
 }
 
 // y (n, dim) += bias (dim) per row; nothing when the layer has no bias.
@@ -253,10 +273,10 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
     // at once (one syscall per layer).
     sched_yield();
     // ---- attention ----
-    rms_norm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);             // (n, n_embd)
-    Mm(ggml_parity_, Matrix(lw.wq), xb, n, ws->q.data(), mm, pool_);  // (n, q_dim)
-    Mm(ggml_parity_, Matrix(lw.wk), xb, n, ws->k.data(), mm, pool_);  // (n, kv_dim)
-    Mm(ggml_parity_, Matrix(lw.wv), xb, n, ws->v.data(), mm, pool_);  // (n, kv_dim)
+    rms_norm(hidden, lw.attn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
+    // q (n, q_dim), k and v (n, kv_dim)
+    MmMany(ggml_parity_, {Matrix(lw.wq), Matrix(lw.wk), Matrix(lw.wv)}, xb, n,
+           {ws->q.data(), ws->k.data(), ws->v.data()}, mm, pool_);
     AddBias(ws->q.data(), lw.bq, n, hp.q_dim());
     AddBias(ws->k.data(), lw.bk, n, hp.kv_dim());
     AddBias(ws->v.data(), lw.bv, n, hp.kv_dim());
@@ -264,9 +284,9 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
     Mm(ggml_parity_, Matrix(lw.wo), ws->att.data(), n, ws->proj.data(), mm, pool_);  // (n, n_embd)
     ops::Add(hidden, ws->proj.data(), n * d, hidden);
     // ---- feed-forward (SwiGLU) ----
-    rms_norm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);                     // (n, n_embd)
-    Mm(ggml_parity_, Matrix(lw.w_gate), xb, n, ws->gate.data(), mm, pool_);  // (n, n_ff)
-    Mm(ggml_parity_, Matrix(lw.w_up), xb, n, ws->up.data(), mm, pool_);      // (n, n_ff)
+    rms_norm(hidden, lw.ffn_norm, n, d, hp.rms_eps, xb);  // (n, n_embd)
+    MmMany(ggml_parity_, {Matrix(lw.w_gate), Matrix(lw.w_up)}, xb, n,
+           {ws->gate.data(), ws->up.data()}, mm, pool_);  // (n, n_ff) each
     if (ggml_parity_) {
       ops::SwiGluGgml(ws->gate.data(), ws->up.data(), n, hp.n_ff, ws->gate.data());
     } else {
