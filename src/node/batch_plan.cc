@@ -89,4 +89,47 @@ double RegroupWait(const RegroupState& s, const BatchOptions& o) {
   return std::min(bound, 2 * s.lag_s + 20e-6);
 }
 
+double CohortWait(const RegroupState& s, const BatchOptions& o) {
+  if (s.back >= s.expected || s.pending >= o.max_batch_sessions || s.last_batch_s <= 0) return 0;
+  const double bound = std::max(kRegroupShare * s.last_batch_s, s.pass_s);
+  if (s.lag_s < 0) return bound;
+  return std::min(bound, 2 * s.lag_s + 20e-6);
+}
+
+void CohortTracker::Add(std::span<const uint64_t> members, double now_s) {
+  Cohort& c = cohorts_[static_cast<size_t>(count_ % kCohorts)];
+  c.members.assign(members.begin(), members.end());
+  for (uint64_t& m : c.members) m |= 1;  // never 0, which marks "back"
+  c.status = Status{static_cast<int64_t>(members.size()), 0, now_s, 0};
+  ++count_;
+}
+
+int64_t CohortTracker::NoteReturn(uint64_t id_hash, double now_s) {
+  const uint64_t h = id_hash | 1;
+  for (int64_t n = count_ - 1; n >= 0 && n >= count_ - kCohorts; --n) {
+    Cohort& c = cohorts_[static_cast<size_t>(n % kCohorts)];
+    for (uint64_t& m : c.members) {
+      if (m != h) continue;
+      m = 0;
+      if (n == count_ - 1) {
+        const double lag = now_s - c.status.formed_s;
+        return_lag_s_ = return_lag_s_ < 0 ? lag : 0.8 * return_lag_s_ + 0.2 * lag;
+      }
+      if (c.status.back++ == 0) {
+        c.status.first_back_s = now_s;
+      } else {
+        const double spread = now_s - c.status.first_back_s;
+        spread_s_ = spread_s_ < 0 ? spread : 0.8 * spread_s_ + 0.2 * spread;
+      }
+      return n;
+    }
+  }
+  return -1;
+}
+
+std::optional<CohortTracker::Status> CohortTracker::Get(int64_t number) const {
+  if (number < 0 || number >= count_ || number < count_ - kCohorts) return std::nullopt;
+  return cohorts_[static_cast<size_t>(number % kCohorts)].status;
+}
+
 }  // namespace meshnet::node

@@ -17,7 +17,9 @@
 // Everything within max_batch_sessions steps and max_batch_tokens rows.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -77,25 +79,79 @@ struct DecodeLoad {
 // max_batch_tokens.
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
 
-// Regrouping (adaptive, no fixed waiting window). The decode sessions of the
-// batch that just ended usually come straight back (their callers commit,
-// sample and send the next token). A batch formed before they do holds only
-// the others, and the sessions settle into groups that take turns, each group
-// paying a whole pass over the weights for its few rows. So the next leader
-// waits for them, but only while that is cheap next to a batch.
-struct RegroupState {
-  int64_t expected = 0;     // decode sessions of the last batch that ended
-  int64_t back = 0;         // of those, steps queued again since
-  int64_t pending = 0;      // steps queued now (the leader's own included)
-  double lag_s = -1;        // moving average of their time to come back (<0: none yet)
-  double last_batch_s = 0;  // the last batch's forward pass
+// Regrouping (adaptive, no fixed waiting window). The decode sessions that
+// one batch finished, its cohort, usually queue their next steps close
+// together: in process straight after it (their callers commit, sample and
+// send the next token), on a node of a pipelined route a round later, after
+// the other hops. A batch formed before a cohort is back holds only part of
+// it, and the sessions settle into smaller groups that take turns, each
+// paying a whole pass over the weights. So the next leader waits, bounded,
+// for the last batch's cohort (RegroupWait: in process this also merges
+// groups that took turns) and for the rest of the oldest pending decode
+// step's cohort (CohortWait: on a pipelined route, the one a round ago).
+//
+// CohortTracker keeps the last kCohorts batches' cohorts (session id hashes;
+// storage reused), how long after its batch ended a member of the newest
+// cohort queues (the return lag) and how long after a cohort's first step
+// the others queue (the spread), as moving averages. Times are seconds on
+// any steady clock.
+class CohortTracker {
+ public:
+  static constexpr int kCohorts = 16;
+  struct Status {
+    int64_t expected = 0;     // decode sessions of the cohort
+    int64_t back = 0;         // of those, steps queued again since
+    double formed_s = 0;      // when its batch ended
+    double first_back_s = 0;  // when the first of them queued (back > 0)
+  };
+  // A batch ended at `now_s`; `members` are its finished decode steps'
+  // session id hashes: the newest cohort (the oldest kept one is forgotten).
+  void Add(std::span<const uint64_t> members, double now_s);
+  // A step of session `id_hash` queued at `now_s`: counts it back in the
+  // newest kept cohort that holds it and returns that cohort's number (-1:
+  // in none; each member counts once).
+  int64_t NoteReturn(uint64_t id_hash, double now_s);
+  // Cohort `number`, or nullopt when it is not kept (or not formed yet).
+  std::optional<Status> Get(int64_t number) const;
+  int64_t newest() const { return count_ - 1; }          // -1: none yet
+  double return_lag_s() const { return return_lag_s_; }  // < 0: none measured yet
+  double spread_s() const { return spread_s_; }          // < 0: none measured yet
+
+ private:
+  struct Cohort {
+    std::vector<uint64_t> members;  // id hash | 1; 0 once back
+    Status status;
+  };
+  std::array<Cohort, kCohorts> cohorts_;
+  int64_t count_ = 0;  // cohorts added so far
+  double return_lag_s_ = -1;
+  double spread_s_ = -1;
 };
-// The longest wait after the last batch ended (seconds; 0: start now): none
-// when all are back, the batch is full, or they come back slower than
-// kRegroupShare of a batch; else up to twice their usual lag (plus 20 us of
-// scheduling slack), and never more than kRegroupShare of a batch. A lone
-// session is always back (its own step is the one queued): it never waits.
+
+struct RegroupState {
+  int64_t expected = 0;     // decode sessions of the cohort waited for
+  int64_t back = 0;         // of those, steps queued again
+  int64_t pending = 0;      // steps queued now (the leader's own included)
+  double lag_s = -1;        // their usual time to queue (<0: none measured yet)
+  double last_batch_s = 0;  // the last batch's forward pass
+  double pass_s = 0;        // a batch of one decode step, as the node measured it
+};
+// For the last batch's cohort, from the batch's end (lag: the return lag):
+// the longest wait in seconds (0: start now): none when all are back, the
+// batch is full, or they come back slower than kRegroupShare of a batch (a
+// pipelined route: the other nodes' steps are in between); else up to twice
+// their usual lag (plus 20 us of scheduling slack), and never more than
+// kRegroupShare of a batch. A lone session is always back (its own step is
+// the one queued): it never waits.
 inline constexpr double kRegroupShare = 0.25;
 double RegroupWait(const RegroupState& s, const BatchOptions& o);
+// For the oldest pending decode step's cohort, from its first step (lag: the
+// spread): as RegroupWait, but bounded by the larger of kRegroupShare of the
+// last batch and a batch of one decode step (the pass over the weights a
+// straggler left for a later batch pays alone), and still that long when
+// stragglers are slower (those that come in time join; on a pipelined route
+// whose nodes share cores, steps of one cohort reach a node milliseconds
+// apart).
+double CohortWait(const RegroupState& s, const BatchOptions& o);
 
 }  // namespace meshnet::node

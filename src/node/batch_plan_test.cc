@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "util/error.h"
@@ -156,6 +157,76 @@ TEST(RegroupWait, WaitsBrieflyForSessionsThatComeStraightBack) {
             0);
   // Nothing measured yet.
   EXPECT_EQ(RegroupWait({.expected = 4, .pending = 4}, o), 0);
+}
+
+// The rest of a pending step's cohort: bounded by a quarter batch or a
+// one-step batch, and waited for even when stragglers are usually slower.
+TEST(CohortWait, WaitsUpToTheCostOfAPassForStragglers) {
+  const BatchOptions o{.max_batch_sessions = 16};
+  RegroupState s{.expected = 5, .back = 2, .pending = 2, .lag_s = 50e-6, .last_batch_s = 0.004};
+  EXPECT_NEAR(CohortWait(s, o), 120e-6, 1e-12);
+  s.lag_s = 0.003;  // stragglers 3 ms behind the first (shared cores)
+  EXPECT_NEAR(CohortWait(s, o), 0.001, 1e-12);
+  s.pass_s = 0.0025;  // a one-step batch costs more than the quarter batch
+  EXPECT_NEAR(CohortWait(s, o), 0.0025, 1e-12);
+  s.lag_s = -1;
+  EXPECT_NEAR(CohortWait(s, o), 0.0025, 1e-12);
+  s.back = 5;  // all back
+  EXPECT_EQ(CohortWait(s, o), 0);
+  s.back = 2;
+  s.pending = 16;  // full
+  EXPECT_EQ(CohortWait(s, o), 0);
+  EXPECT_EQ(CohortWait({.expected = 4, .pending = 1}, o), 0);  // nothing measured yet
+}
+
+// Cohorts on a pipelined route: the sessions of two batches come back a round
+// later, interleaved; each step counts in its own cohort, once.
+TEST(CohortTracker, CountsEachSessionBackInItsOwnCohort) {
+  CohortTracker t;
+  const uint64_t a = 10, b = 11, c = 12, d = 13, e = 14;
+  const uint64_t first[] = {a, b, c}, second[] = {d, e};
+  t.Add(first, 4.990);   // cohort 0
+  t.Add(second, 4.995);  // cohort 1
+  EXPECT_EQ(t.newest(), 1);
+  EXPECT_EQ(t.NoteReturn(a, 5.000), 0);
+  EXPECT_LT(t.return_lag_s(), 0);  // a is not from the newest cohort
+  EXPECT_EQ(t.NoteReturn(d, 5.001), 1);
+  EXPECT_NEAR(t.return_lag_s(), 0.006, 1e-12);  // d: 6 ms after its batch ended
+  EXPECT_EQ(t.NoteReturn(b, 5.004), 0);
+  std::optional<CohortTracker::Status> s = t.Get(0);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->expected, 3);
+  EXPECT_EQ(s->back, 2);
+  EXPECT_DOUBLE_EQ(s->first_back_s, 5.000);
+  EXPECT_DOUBLE_EQ(s->formed_s, 4.990);
+  EXPECT_NEAR(t.spread_s(), 0.004, 1e-12);  // b came 4 ms after a
+  EXPECT_EQ(t.Get(1)->back, 1);
+  // Counted once; a stranger is in no cohort.
+  EXPECT_EQ(t.NoteReturn(b, 5.005), -1);
+  EXPECT_EQ(t.NoteReturn(99, 5.005), -1);
+  EXPECT_EQ(t.Get(0)->back, 2);
+  EXPECT_EQ(t.NoteReturn(c, 5.006), 0);
+  EXPECT_EQ(t.Get(0)->back, 3);
+  EXPECT_NEAR(t.spread_s(), 0.8 * 0.004 + 0.2 * 0.006, 1e-12);
+}
+
+TEST(CohortTracker, NewestCohortFirstAndOldOnesForgotten) {
+  CohortTracker t;
+  const uint64_t a = 0;  // any hash, 0 included
+  const uint64_t one[] = {a};
+  EXPECT_EQ(t.newest(), -1);
+  EXPECT_FALSE(t.Get(t.newest()));
+  t.Add(one, 0.0);
+  t.Add(one, 0.5);
+  EXPECT_EQ(t.NoteReturn(a, 1.0), 1);  // the newer cohort holding it
+  EXPECT_EQ(t.Get(1)->back, 1);
+  EXPECT_EQ(t.Get(0)->back, 0);
+  for (int i = 0; i < CohortTracker::kCohorts; ++i) t.Add({}, 1.0);
+  EXPECT_FALSE(t.Get(1));
+  EXPECT_FALSE(t.Get(-1));
+  EXPECT_FALSE(t.Get(CohortTracker::kCohorts + 2));  // not yet formed
+  EXPECT_EQ(t.NoteReturn(a, 2.0), -1);               // its cohorts are forgotten
+  EXPECT_TRUE(t.Get(CohortTracker::kCohorts + 1));
 }
 
 TEST(BatchOptions, ShortPromptRange) {

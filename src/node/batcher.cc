@@ -36,6 +36,7 @@ struct Batcher::Item {
   const std::function<bool()>* cancel = nullptr;  // the caller's check, may be null
   int64_t done = 0;                               // rows computed
   int64_t take = 0;                               // rows in the running batch
+  int64_t cohort = -1;                            // CohortTracker number (-1: none)
   bool finished = false;
   std::exception_ptr error;
   Item* next = nullptr;  // queue link
@@ -69,7 +70,7 @@ void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
   {
     MutexLock lock(&mu_);
     PushLocked(&self);
-    NoteReturnLocked(session_id);
+    NoteReturnLocked(self);
     queued_.SignalAll();
     while (!self.finished) {
       if (!running_ && !held_) {
@@ -166,16 +167,14 @@ void Batcher::CompleteLocked(double seconds) {
     }
   }
   costs_.Add(decoders, rows - decoders, seconds);
-  returning_.clear();
+  last_batch_s_ = seconds;
+  finished_.clear();
   for (Item* it : batch_) {
     if (it->finished && !it->error && IsDecode(*it->step)) {
-      returning_.push_back(std::hash<std::string_view>()(it->session_id));
+      finished_.push_back(std::hash<std::string_view>()(it->session_id));
     }
   }
-  regroup_.expected = static_cast<int64_t>(returning_.size());
-  regroup_.back = 0;
-  regroup_.last_batch_s = seconds;
-  ended_at_ = Clock::now();
+  cohorts_.Add(finished_, Seconds(Clock::now()));
   if (decoders > 0) {
     last_decode_ = Clock::now();
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
@@ -185,28 +184,54 @@ void Batcher::CompleteLocked(double seconds) {
   batch_.clear();
 }
 
-void Batcher::NoteReturnLocked(std::string_view session_id) {
-  if (regroup_.back >= regroup_.expected) return;
-  const uint64_t h = std::hash<std::string_view>()(session_id);
-  for (uint64_t& r : returning_) {
-    if (r != h) continue;
-    r = 0;  // counted once
-    ++regroup_.back;
-    const double lag = std::chrono::duration<double>(Clock::now() - ended_at_).count();
-    regroup_.lag_s = regroup_.lag_s < 0 ? lag : 0.8 * regroup_.lag_s + 0.2 * lag;
-    return;
-  }
+double Batcher::Seconds(Clock::time_point t) const {
+  return std::chrono::duration<double>(t - epoch_).count();
+}
+
+void Batcher::NoteReturnLocked(Item& item) {
+  if (!IsDecode(*item.step)) return;
+  item.cohort =
+      cohorts_.NoteReturn(std::hash<std::string_view>()(item.session_id), Seconds(Clock::now()));
+}
+
+// Until when (seconds on epoch_) the leader may wait for cohort `number`,
+// by `policy` from `from_s` (0: not at all).
+double Batcher::WaitUntilLocked(int64_t number, double lag_s, bool cohort) {
+  const std::optional<CohortTracker::Status> c = cohorts_.Get(number);
+  if (!c) return 0;
+  const RegroupState s{.expected = c->expected,
+                       .back = c->back,
+                       .pending = pending_,
+                       .lag_s = lag_s,
+                       .last_batch_s = last_batch_s_,
+                       .pass_s = costs_.ready() ? costs_.DecodeSeconds(1) : 0};
+  const double wait = cohort ? CohortWait(s, options_) : RegroupWait(s, options_);
+  return wait > 0 ? (cohort ? c->first_back_s : c->formed_s) + wait : 0;
+}
+
+bool Batcher::AllBackLocked(int64_t number) const {
+  const std::optional<CohortTracker::Status> c = cohorts_.Get(number);
+  return !c || c->back >= c->expected;
 }
 
 void Batcher::RegroupLocked() {
-  regroup_.pending = pending_;
-  const double wait = RegroupWait(regroup_, options_);
-  if (wait <= 0) return;
-  const Clock::time_point until =
-      ended_at_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
-  while (regroup_.back < regroup_.expected && !held_ && pending_ < options_.max_batch_sessions &&
-         Clock::now() < until) {
-    queued_.WaitUntil(until);
+  // The last batch's cohort, and the oldest pending decode step's (kept) one.
+  const int64_t last = cohorts_.newest();
+  int64_t oldest = -1;
+  for (const Item* it = head_; it != nullptr && oldest < 0; it = it->next) {
+    if (cohorts_.Get(it->cohort)) oldest = it->cohort;
+  }
+  const double until_last = WaitUntilLocked(last, cohorts_.return_lag_s(), false);
+  const double until_oldest =
+      oldest == last ? 0 : WaitUntilLocked(oldest, cohorts_.spread_s(), true);
+  while (!held_ && pending_ < options_.max_batch_sessions) {
+    const double now = Seconds(Clock::now());
+    const bool for_last = now < until_last && !AllBackLocked(last);
+    const bool for_oldest = now < until_oldest && !AllBackLocked(oldest);
+    if (!for_last && !for_oldest) break;
+    const double until = std::max(for_last ? until_last : 0, for_oldest ? until_oldest : 0);
+    queued_.WaitUntil(
+        epoch_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(until)));
   }
 }
 

@@ -168,16 +168,24 @@ class Batcher {
   BatchCosts costs_ GUARDED_BY(mu_);
   Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
   double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
-  // Regrouping (RegroupWait): the decode sessions the last batch finished (id
-  // hashes; storage reused), how many are queued again, when it ended, their
-  // usual time to come back.
-  std::vector<uint64_t> returning_ GUARDED_BY(mu_);
-  RegroupState regroup_ GUARDED_BY(mu_);
-  Clock::time_point ended_at_ GUARDED_BY(mu_){};
-  // Waits (bounded by RegroupWait) for the last batch's sessions to queue again.
+  // Regrouping (RegroupWait) by cohort: the cohorts of the last batches, the
+  // finished decode steps' id hashes of the batch that just ended (storage
+  // reused), the last batch's time, and the clock's zero for the tracker.
+  CohortTracker cohorts_ GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ GUARDED_BY(mu_);
+  double last_batch_s_ GUARDED_BY(mu_) = 0;
+  const Clock::time_point epoch_ = Clock::now();
+  double Seconds(Clock::time_point t) const;
+  // Waits (bounded by RegroupWait and CohortWait) for the rest of the last
+  // batch's cohort and of the oldest pending decode step's cohort to queue.
   void RegroupLocked() REQUIRES(mu_);
-  // A step of `session_id` was queued: counts it if it is one of those.
-  void NoteReturnLocked(std::string_view session_id) REQUIRES(mu_);
+  // The deadline (seconds on epoch_; 0: none) of the wait for cohort
+  // `number`: CohortWait from its first return (`cohort`) or RegroupWait
+  // from its batch's end.
+  double WaitUntilLocked(int64_t number, double lag_s, bool cohort) REQUIRES(mu_);
+  bool AllBackLocked(int64_t number) const REQUIRES(mu_);
+  // `item` was queued: counts it back in its cohort (Item::cohort).
+  void NoteReturnLocked(Item& item) REQUIRES(mu_);
 };
 
 }  // namespace meshnet::node
