@@ -300,6 +300,10 @@ TEST(Attention, MatchesReferenceOverPagedLayouts) {
              // falling inside a token's heads; a call's heads spanning KV heads
              AttnCase{20, 20, 8, 4, 6, 3, KvDtype::kF32},
              AttnCase{24, 4, 16, 16, 3, 3, KvDtype::kF16},
+             // head_dims that are not a multiple of the V loop's unrolled
+             // four vectors of 8 (48: one pass and two single vectors; 24: three)
+             AttnCase{4, 2, 48, 16, 21, 2, KvDtype::kF16},
+             AttnCase{4, 4, 24, 8, 9, 1, KvDtype::kF16},
          }) {
       SCOPED_TRACE(::testing::Message()
                    << "heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim << " bt "
