@@ -5,7 +5,7 @@
 // visited in chunks of kChunk positions; for each query head of the group we
 // keep a running max m, running denominator l and an unnormalized output o,
 // rescaled by exp(m_old - m_new) when the max grows. No score buffer, so no
-// scratch: o lives on the stack (kSubHeads x kMaxHeadDim floats).
+// scratch: o lives on the stack (kPairFloats floats).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/nn_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -184,7 +184,10 @@ void StoreKvRowImpl(uint8_t* dst, KvDtype dtype, const float* row, int64_t n) {
 
 using DA = hn::CappedTag<float, 8>;  // head_dim is often 64/128, sometimes 8
 constexpr int kChunk = 16;
-constexpr int kSubHeads = 16;
+// Attention scratch: the running outputs of kPairFloats / head_dim pairs
+// (at most kMaxPairs) on the stack, 32 KB.
+constexpr int kPairFloats = 16 * kMaxHeadDim;
+constexpr int kMaxPairs = 64;
 
 template <KvDtype kDt>
 HWY_INLINE hn::Vec<DA> LoadKv(DA d, const uint8_t* row, int64_t i) {
@@ -322,88 +325,111 @@ class KvCursor {
   int32_t off_ = 0;
 };
 
-// Query heads [h0, h0 + nh) (nh <= kSubHeads) of token t, each against its
-// own KV head (h / group), chunk by chunk: the heads read adjacent slices of
-// the same rows (rows are [n_kv_heads][head_dim]) one after another, so each
-// row comes from memory about once, where one head's walk over all positions
-// at a time fetched a 256-byte slice per 3 KB row and waited on DRAM for
-// every head (1.5x slower on a 16-session batch, ops_bench
-// BM_AttentionBatch). Each head's arithmetic is the same as alone.
+// One (token, query head) of an attention call.
+struct HeadPair {
+  const float* q;  // the head's query
+  float* out;      // its output
+  size_t off;      // byte offset of its KV head in a row
+  int64_t n_pos;   // positions it attends to (causal: start_pos + t + 1)
+};
+
+// Up to kMaxPairs (token, head) pairs, each against its own KV head, chunk by
+// chunk over the positions: the pairs read adjacent slices of the same rows
+// (rows are [n_kv_heads][head_dim]) one after another, so each row comes from
+// memory about once per call, where one head's walk over all positions at a
+// time fetched a 256-byte slice per 3 KB row and waited on DRAM for every
+// head (1.5x slower on a 16-session batch, ops_bench BM_AttentionBatch); and
+// the several tokens of a prompt chunk in one call share each row read (a
+// prompt of 811 tokens spent 45% of its time here, rereading its whole
+// context from L3 for every token). Each pair's arithmetic is the same as
+// alone (chunks start at multiples of kChunk whatever the pair).
 template <KvDtype kDt>
-void AttendHeads(const AttentionArgs& a, int64_t t, int h0, int nh) {
+void AttendPairs(const AttentionArgs& a, const HeadPair* pr, int n) {
   const PagedKvLayer& kv = *a.kv;
   const int hd = a.head_dim;
-  const int group = a.n_heads / kv.n_kv_heads;
-  const int64_t q_stride = static_cast<int64_t>(a.n_heads) * hd;
-  HWY_ALIGN float o[kSubHeads][kMaxHeadDim];
-  HWY_ALIGN float s[kSubHeads][kChunk];
-  float m[kSubHeads], lsum[kSubHeads];
-  const float* q[kSubHeads];
-  size_t off[kSubHeads];  // byte offset of the head's KV head in a row
-  for (int hh = 0; hh < nh; ++hh) {
-    q[hh] = a.q + t * q_stride + static_cast<int64_t>(h0 + hh) * hd;
-    off[hh] = static_cast<size_t>((h0 + hh) / group) * hd * KvDtypeSize(kDt);
-    std::fill(o[hh], o[hh] + hd, 0.0f);
-    m[hh] = -INFINITY;
-    lsum[hh] = 0.0f;
+  HWY_ALIGN float o_buf[kPairFloats];
+  HWY_ALIGN float s[kMaxPairs][kChunk];
+  float m[kMaxPairs], lsum[kMaxPairs];
+  int64_t max_pos = 0;
+  for (int i = 0; i < n; ++i) {
+    std::fill(o_buf + i * hd, o_buf + (i + 1) * hd, 0.0f);
+    m[i] = -INFINITY;
+    lsum[i] = 0.0f;
+    max_pos = std::max(max_pos, pr[i].n_pos);
   }
-  const int64_t n_pos = a.start_pos + t + 1;
   KvCursor cur(kv);
-  for (int64_t p0 = 0; p0 < n_pos; p0 += kChunk) {
-    const int np = static_cast<int>(std::min<int64_t>(kChunk, n_pos - p0));
+  for (int64_t p0 = 0; p0 < max_pos; p0 += kChunk) {
+    const int np_all = static_cast<int>(std::min<int64_t>(kChunk, max_pos - p0));
     const uint8_t* krows[kChunk];
     const uint8_t* vrows[kChunk];
-    for (int j = 0; j < np; ++j) cur.Next(&krows[j], &vrows[j]);
-    for (int hh = 0; hh < nh; ++hh) {
-      const uint8_t* hk[kChunk];
-      for (int j = 0; j < np; ++j) hk[j] = krows[j] + off[hh];
-      int j = 0;
-      for (; j + 4 <= np; j += 4) {
-        float r[4];
-        Dot4<kDt>(q[hh], hk + j, hd, r);
-        for (int k = 0; k < 4; ++k) s[hh][j + k] = r[k] * a.scale;
-      }
-      for (; j < np; ++j) s[hh][j] = Dot<kDt>(q[hh], hk[j], hd) * a.scale;
+    for (int j = 0; j < np_all; ++j) cur.Next(&krows[j], &vrows[j]);
+    int np[kMaxPairs];  // each pair's positions in this chunk (causal)
+    for (int i = 0; i < n; ++i) {
+      np[i] = static_cast<int>(std::clamp<int64_t>(pr[i].n_pos - p0, 0, np_all));
     }
-    for (int hh = 0; hh < nh; ++hh) SoftmaxChunk(s[hh], np, hd, &m[hh], &lsum[hh], o[hh]);
-    for (int hh = 0; hh < nh; ++hh) {
+    for (int i = 0; i < n; ++i) {
+      const uint8_t* hk[kChunk];
+      for (int j = 0; j < np[i]; ++j) hk[j] = krows[j] + pr[i].off;
+      int j = 0;
+      for (; j + 4 <= np[i]; j += 4) {
+        float r[4];
+        Dot4<kDt>(pr[i].q, hk + j, hd, r);
+        for (int k = 0; k < 4; ++k) s[i][j + k] = r[k] * a.scale;
+      }
+      for (; j < np[i]; ++j) s[i][j] = Dot<kDt>(pr[i].q, hk[j], hd) * a.scale;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (np[i] > 0) SoftmaxChunk(s[i], np[i], hd, &m[i], &lsum[i], o_buf + i * hd);
+    }
+    for (int i = 0; i < n; ++i) {
       const uint8_t* hv[kChunk];
-      for (int j = 0; j < np; ++j) hv[j] = vrows[j] + off[hh];
-      AccumulateV<kDt>(s[hh], hv, np, hd, o[hh]);
+      for (int j = 0; j < np[i]; ++j) hv[j] = vrows[j] + pr[i].off;
+      if (np[i] > 0) AccumulateV<kDt>(s[i], hv, np[i], hd, o_buf + i * hd);
     }
   }
-  for (int hh = 0; hh < nh; ++hh) {
-    float* out = a.out + t * q_stride + static_cast<int64_t>(h0 + hh) * hd;
-    const float inv = 1.0f / lsum[hh];
-    for (int i = 0; i < hd; ++i) out[i] = o[hh][i] * inv;
+  for (int i = 0; i < n; ++i) {
+    const float inv = 1.0f / lsum[i];
+    for (int k = 0; k < hd; ++k) pr[i].out[k] = o_buf[i * hd + k] * inv;
   }
 }
 
-// Work items [begin, end) of (token, KV head), item = t * n_kv_heads + g: the
-// items of one token go together, kSubHeads query heads at a time.
+void AttendPairsAs(const AttentionArgs& a, const HeadPair* pr, int n) {
+  switch (a.kv->dtype) {
+    case KvDtype::kF32:
+      return AttendPairs<KvDtype::kF32>(a, pr, n);
+    case KvDtype::kF16:
+      return AttendPairs<KvDtype::kF16>(a, pr, n);
+    case KvDtype::kBF16:
+      return AttendPairs<KvDtype::kBF16>(a, pr, n);
+  }
+}
+
+// Work items [begin, end) of (token, KV head), item = t * n_kv_heads + g:
+// their query heads as pairs, as many per call as the scratch holds
+// (kPairFloats / head_dim, at most kMaxPairs: five 12-head tokens at
+// head_dim 64), so that consecutive tokens of a prompt share the calls.
 void AttentionItemsImpl(const AttentionArgs& a, int64_t begin, int64_t end) {
   const int n_kv = a.kv->n_kv_heads;
   const int group = a.n_heads / n_kv;
-  for (int64_t item = begin; item < end;) {
+  const int hd = a.head_dim;
+  const int cap = std::min(kMaxPairs, kPairFloats / hd);
+  const int64_t q_stride = static_cast<int64_t>(a.n_heads) * hd;
+  HeadPair pairs[kMaxPairs];
+  int n = 0;
+  for (int64_t item = begin; item < end; ++item) {
     const int64_t t = item / n_kv;
-    const int64_t token_end = std::min(end, (t + 1) * n_kv);
-    const int h_end = static_cast<int>(token_end - t * n_kv) * group;
-    for (int h0 = static_cast<int>(item - t * n_kv) * group; h0 < h_end; h0 += kSubHeads) {
-      const int nh = std::min(kSubHeads, h_end - h0);
-      switch (a.kv->dtype) {
-        case KvDtype::kF32:
-          AttendHeads<KvDtype::kF32>(a, t, h0, nh);
-          break;
-        case KvDtype::kF16:
-          AttendHeads<KvDtype::kF16>(a, t, h0, nh);
-          break;
-        case KvDtype::kBF16:
-          AttendHeads<KvDtype::kBF16>(a, t, h0, nh);
-          break;
+    const int g = static_cast<int>(item - t * n_kv);
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      pairs[n++] = {a.q + t * q_stride + static_cast<int64_t>(h) * hd,
+                    a.out + t * q_stride + static_cast<int64_t>(h) * hd,
+                    static_cast<size_t>(g) * hd * KvDtypeSize(a.kv->dtype), a.start_pos + t + 1};
+      if (n == cap) {
+        AttendPairsAs(a, pairs, n);
+        n = 0;
       }
     }
-    item = token_end;
   }
+  if (n > 0) AttendPairsAs(a, pairs, n);
 }
 
 }  // namespace HWY_NAMESPACE
