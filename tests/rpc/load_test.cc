@@ -164,8 +164,6 @@ TEST_F(LoadTest, IdleStreamsDoNotStarveTheNode) {
     contexts.back()->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     streams.push_back(stub->StepStream(contexts.back().get()));
   }
-  RemoteEndpoint probe(node->address(), Client());
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(probe.InfoFull().shard.end_layer, 4);
   std::mutex mu;
   std::condition_variable cv;
   int ended = 0;
@@ -187,6 +185,12 @@ TEST_F(LoadTest, IdleStreamsDoNotStarveTheNode) {
         << ended << " streams ended while " << kLimit << " may stay open";
     EXPECT_EQ(ended, kStreams - kLimit) << "an accepted stream ended on its own";
   }
+  // The accepted streams stay open and idle, each holding a handler thread:
+  // the node still answers. (Probed once the refused ones have ended: while
+  // 70 stream handlers start at once, gRPC's sync server can briefly have no
+  // thread for a new call and answer "Server Threadpool Exhausted".)
+  RemoteEndpoint probe(node->address(), Client());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(probe.InfoFull().shard.end_layer, 4);
   for (auto& stream : streams) stream->WritesDone();  // the accepted ones end OK
   for (auto& t : readers) t.join();
   int refused = 0, ok = 0;
