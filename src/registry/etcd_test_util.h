@@ -17,6 +17,7 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,9 +164,16 @@ class EtcdServer {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string log = dir_ + "/etcd.log";
+    const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
+      // Die with the test process: one that crashes or is killed (ctest's
+      // timeout) must not leave children running. The signal follows the
+      // forking thread, so this is called on a thread that outlives the child
+      // (the test's main thread, or one that waits for the child's exit).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent was already gone
       const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
         dup2(fd, STDOUT_FILENO);

@@ -4,8 +4,13 @@
 // teardown; every wait is bounded.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -290,6 +295,45 @@ TEST_F(MeshProcessTest, WrongTokenOrSessionSecretIsRefused) {
   }
   EXPECT_EQ(head.Info().live_sessions, 1) << "the owner's state is intact";
   EXPECT_TRUE(head.ReleaseOrThrow(o.session_id, "owner-secret", 0));
+}
+
+// A test process that dies without cleaning up (a crash, ctest's timeout)
+// takes its nodes with it: a NodeProcess child dies with its parent.
+TEST_F(MeshProcessTest, NodesDieWithACrashedTestProcess) {
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t helper = fork();
+  ASSERT_GE(helper, 0);
+  if (helper == 0) {  // the "test": starts a node, reports its pid, dies as a crash would
+    close(report[0]);
+    pid_t node = -1;
+    try {
+      node = Start("0-4").release()->pid();  // never destroyed
+    } catch (...) {
+    }
+    const bool sent = write(report[1], &node, sizeof node) == sizeof node;
+    _exit(sent && node > 0 ? 0 : 1);  // no destructors, no atexit
+  }
+  close(report[1]);
+  pid_t node = -1;
+  const ssize_t got = read(report[0], &node, sizeof node);
+  close(report[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(helper, &status, 0), helper);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the helper could not start a node";
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof node));
+  // Wait (bounded) for the node's exit; ESRCH: already gone and reaped.
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, node, 0));
+  if (pidfd < 0 && errno == ENOSYS) GTEST_SKIP() << "no pidfd_open on this kernel";
+  if (pidfd < 0) {
+    ASSERT_EQ(errno, ESRCH);
+    return;
+  }
+  pollfd p{pidfd, POLLIN, 0};
+  const int ready = poll(&p, 1, 10000);
+  close(pidfd);
+  EXPECT_EQ(ready, 1) << "node " << node << " outlived its test process by 10 s";
+  if (ready != 1) kill(node, SIGKILL);
 }
 
 TEST_F(MeshProcessTest, ServeRejectsBadFlagsAndStopsGracefully) {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,9 +38,16 @@ class NodeProcess {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
+    const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
+      // Die with the test process: one that crashes or is killed (ctest's
+      // timeout) must not leave children running. The signal follows the
+      // forking thread, so this is called on a thread that outlives the child
+      // (the test's main thread, or one that waits for the child's exit).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent was already gone
       dup2(out[1], STDOUT_FILENO);
       const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (log >= 0) dup2(log, STDERR_FILENO);
