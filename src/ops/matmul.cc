@@ -346,6 +346,18 @@ void MatMulFloatParts(const Parts& p, const float* x, int64_t n_tokens, void* sc
       min_chunk);
 }
 
+// u8 = q8 + 128 (flipping the sign bit), eight bytes at a time.
+void ToUnsigned(const int8_t* q8, uint8_t* u8, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, q8 + i, 8);
+    w ^= 0x8080808080808080ULL;
+    std::memcpy(u8 + i, &w, 8);
+  }
+  for (; i < n; ++i) u8[i] = static_cast<uint8_t>(q8[i]) ^ 0x80;
+}
+
 // The activations of the Q* types, quantized once into scratch (over the pool
 // when there are several tokens); the packed Q8_0 tile also reads them as
 // unsigned bytes.
@@ -370,10 +382,7 @@ internal::QuantActs QuantizeInto(GgmlType type, const float* x, int64_t n_tokens
   const ActFormat fmt = ActFormatFor(type);
   auto quantize = [&](int64_t t0, int64_t t1) {
     internal::QuantizeActs(fmt, x, t0, t1, acts);
-    if (acts.u8 == nullptr) return;
-    for (int64_t i = t0 * cols; i < t1 * cols; ++i) {
-      acts.u8[i] = static_cast<uint8_t>(acts.q8[i]) ^ 0x80;
-    }
+    if (acts.u8 != nullptr) ToUnsigned(acts.q8 + t0 * cols, acts.u8 + t0 * cols, (t1 - t0) * cols);
   };
   if (n_tokens == 1 || pool == nullptr) {
     quantize(0, n_tokens);
