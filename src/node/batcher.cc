@@ -155,6 +155,7 @@ void Batcher::FormLocked() {
 
 void Batcher::CompleteLocked(double seconds) {
   int64_t rows = 0, decoders = 0;
+  finished_.clear();
   for (Item* it : batch_) {
     rows += it->take;
     if (IsDecode(*it->step)) ++decoders;
@@ -162,21 +163,19 @@ void Batcher::CompleteLocked(double seconds) {
     if (it->error || it->done == it->step->n_new) {
       it->finished = true;
       it->wake.Signal();
+      if (!it->error && IsDecode(*it->step)) {  // the new cohort
+        finished_.push_back(std::hash<std::string_view>()(it->session_id));
+      }
     } else {
       PushLocked(it);  // the next chunk, behind everyone already waiting
     }
   }
   costs_.Add(decoders, rows - decoders, seconds);
   last_batch_s_ = seconds;
-  finished_.clear();
-  for (Item* it : batch_) {
-    if (it->finished && !it->error && IsDecode(*it->step)) {
-      finished_.push_back(std::hash<std::string_view>()(it->session_id));
-    }
-  }
-  cohorts_.Add(finished_, Seconds(Clock::now()));
+  const Clock::time_point now = Clock::now();
+  cohorts_.Add(finished_, Seconds(now));
   if (decoders > 0) {
-    last_decode_ = Clock::now();
+    last_decode_ = now;
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
                               : static_cast<double>(decoders);
   }
@@ -194,8 +193,9 @@ void Batcher::NoteReturnLocked(Item& item) {
       cohorts_.NoteReturn(std::hash<std::string_view>()(item.session_id), Seconds(Clock::now()));
 }
 
-// Until when (seconds on epoch_) the leader may wait for cohort `number`,
-// by `policy` from `from_s` (0: not at all).
+// Until when (seconds on epoch_; 0: not at all) the leader may wait for
+// cohort `number`: by CohortWait from its first return (`cohort`), else by
+// RegroupWait from its batch's end; `lag_s` is the matching moving average.
 double Batcher::WaitUntilLocked(int64_t number, double lag_s, bool cohort) {
   const std::optional<CohortTracker::Status> c = cohorts_.Get(number);
   if (!c) return 0;

@@ -399,26 +399,19 @@ void MatMulQuantParts(const Parts& p, const float* x, int64_t n_tokens, void* sc
   const bool unsigned_too = p.packed && w0.type == GgmlType::kQ8_0;
   const internal::QuantActs acts =
       QuantizeInto(w0.type, x, n_tokens, w0.cols, unsigned_too, scratch, pool);
-  if (!p.packed) {
-    ForRows(
-        pool, p.first[p.n],
-        [&](int64_t u0, int64_t u1) {
-          ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {
-            internal::MatMulQuantRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), acts,
-                                      n_tokens, y);
-          });
-        },
-        min_chunk);
-    return;
-  }
+  // Units: groups of 16 packed rows (a decode chunk of two streams enough),
+  // or of kRowGroup rows.
   ForRows(
       pool, p.first[p.n],
       [&](int64_t u0, int64_t u1) {
         ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {
-          internal::MatMulPackedRows(w, g0, g1, acts, n_tokens, y);
+          if (p.packed) return internal::MatMulPackedRows(w, g0, g1, acts, n_tokens, y);
+          internal::MatMulQuantRows(w, g0 * kRowGroup, std::min(w.rows, g1 * kRowGroup), acts,
+                                    n_tokens, y);
         });
       },
-      n_tokens == 1 ? 2 : 1);
+      p.packed ? (n_tokens == 1 ? 2 : 1) : min_chunk);
+  if (!p.packed) return;
   for (int i = 0; i < p.n; ++i) {  // rows past the last group of 16
     const WeightMatrix& w = *p.w[i];
     const int64_t done = w.rows / 16 * 16;
