@@ -10,6 +10,7 @@
 #define HWY_TARGET_INCLUDE "ops/nn_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // After foreach_target.h.
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -333,6 +334,21 @@ struct HeadPair {
   int64_t n_pos;   // positions it attends to (causal: start_pos + t + 1)
 };
 
+// Asks for one pair's slices [off, off + bytes) of `n` rows, a cache line at a
+// time. AttendPairs asks kAhead pairs ahead of its arithmetic (K slices, then V
+// slices, then the next chunk's K): a chunk's pairs read scattered 128-256 byte
+// slices of 1.5-3 KB rows, a pattern the hardware prefetchers do not follow, so
+// without this each slice waited on DRAM. BM_AttentionBatch, 16 sessions x 512
+// positions, 2 threads: F16 KV 1.39 -> 0.80 ms, F32 1.56 -> 1.55 ms (already at
+// ~0.8 of read bandwidth); 1 thread: F16 2.31 -> 1.14, F32 2.51 -> 2.15 ms.
+// Three pairs ahead measured best of 1, 2, 3, 4 and 6.
+constexpr int kAhead = 3;
+HWY_INLINE void PrefetchSlices(const uint8_t* const* rows, int n, size_t off, size_t bytes) {
+  for (int j = 0; j < n; ++j) {
+    for (size_t b = 0; b < bytes; b += 64) hwy::Prefetch(rows[j] + off + b);
+  }
+}
+
 // Up to kMaxPairs (token, head) pairs, each against its own KV head, chunk by
 // chunk over the positions: the pairs read adjacent slices of the same rows
 // (rows are [n_kv_heads][head_dim]) one after another, so each row comes from
@@ -358,16 +374,27 @@ void AttendPairs(const AttentionArgs& a, const HeadPair* pr, int n) {
     max_pos = std::max(max_pos, pr[i].n_pos);
   }
   KvCursor cur(kv);
-  for (int64_t p0 = 0; p0 < max_pos; p0 += kChunk) {
+  const uint8_t* rows[2][2][kChunk];  // [chunk parity][K, V][position in chunk]
+  const int first = static_cast<int>(std::min<int64_t>(kChunk, max_pos));
+  for (int j = 0; j < first; ++j) cur.Next(&rows[0][0][j], &rows[0][1][j]);
+  const size_t slice = static_cast<size_t>(hd) * KvDtypeSize(kDt);
+  for (int i = 0; i < std::min(kAhead, n); ++i) PrefetchSlices(rows[0][0], first, pr[i].off, slice);
+  for (int64_t p0 = 0, c = 0; p0 < max_pos; p0 += kChunk, c ^= 1) {
     const int np_all = static_cast<int>(std::min<int64_t>(kChunk, max_pos - p0));
-    const uint8_t* krows[kChunk];
-    const uint8_t* vrows[kChunk];
-    for (int j = 0; j < np_all; ++j) cur.Next(&krows[j], &vrows[j]);
+    const uint8_t* const* krows = rows[c][0];
+    const uint8_t* const* vrows = rows[c][1];
+    const int n_next = static_cast<int>(std::clamp<int64_t>(max_pos - p0 - kChunk, 0, kChunk));
+    for (int j = 0; j < n_next; ++j) cur.Next(&rows[c ^ 1][0][j], &rows[c ^ 1][1][j]);
     int np[kMaxPairs];  // each pair's positions in this chunk (causal)
     for (int i = 0; i < n; ++i) {
       np[i] = static_cast<int>(std::clamp<int64_t>(pr[i].n_pos - p0, 0, np_all));
     }
     for (int i = 0; i < n; ++i) {
+      if (i + kAhead < n) {
+        PrefetchSlices(krows, np[i + kAhead], pr[i + kAhead].off, slice);
+      } else if (i + kAhead - n < n) {
+        PrefetchSlices(vrows, np[i + kAhead - n], pr[i + kAhead - n].off, slice);
+      }
       const uint8_t* hk[kChunk];
       for (int j = 0; j < np[i]; ++j) hk[j] = krows[j] + pr[i].off;
       int j = 0;
@@ -382,6 +409,11 @@ void AttendPairs(const AttentionArgs& a, const HeadPair* pr, int n) {
       if (np[i] > 0) SoftmaxChunk(s[i], np[i], hd, &m[i], &lsum[i], o_buf + i * hd);
     }
     for (int i = 0; i < n; ++i) {
+      if (i + kAhead < n) {
+        PrefetchSlices(vrows, np[i + kAhead], pr[i + kAhead].off, slice);
+      } else if (i + kAhead - n < n) {
+        PrefetchSlices(rows[c ^ 1][0], n_next, pr[i + kAhead - n].off, slice);
+      }
       const uint8_t* hv[kChunk];
       for (int j = 0; j < np[i]; ++j) hv[j] = vrows[j] + pr[i].off;
       if (np[i] > 0) AccumulateV<kDt>(s[i], hv, np[i], hd, o_buf + i * hd);
