@@ -40,6 +40,13 @@ struct RopeConfig {
 // halves), 2i < rope_dims, rotates by theta_i (angles computed in double).
 void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
           int64_t start_pos);
+// Rope in two halves, for a forward pass that rotates the same positions in
+// every layer: RopeAngles writes cos and sin of each token's angles, cs and sn
+// (n_tokens, rope_dims / 2) each, computed as Rope computes them;
+// RopeRotate(x, ..., cs, sn) then equals Rope(x, ...) bit for bit.
+void RopeAngles(const RopeConfig& cfg, int64_t start_pos, int64_t n_tokens, float* cs, float* sn);
+void RopeRotate(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
+                const float* cs, const float* sn);
 
 // Numerically stable softmax of x (n), in place.
 void Softmax(float* x, int64_t n);

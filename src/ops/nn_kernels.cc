@@ -349,6 +349,30 @@ HWY_INLINE void PrefetchSlices(const uint8_t* const* rows, int n, size_t off, si
   }
 }
 
+// s[0, np) = scale * (q . K row j), the K rows' head at byte offset `off`.
+template <KvDtype kDt>
+HWY_INLINE void ChunkScores(const float* q, const uint8_t* const* krows, size_t off, int np, int hd,
+                            float scale, float* s) {
+  const uint8_t* hk[kChunk];
+  for (int j = 0; j < np; ++j) hk[j] = krows[j] + off;
+  int j = 0;
+  for (; j + 4 <= np; j += 4) {
+    float r[4];
+    Dot4<kDt>(q, hk + j, hd, r);
+    for (int k = 0; k < 4; ++k) s[j + k] = r[k] * scale;
+  }
+  for (; j < np; ++j) s[j] = Dot<kDt>(q, hk[j], hd) * scale;
+}
+
+// o += sum over j < np of p[j] * V row j's head at byte offset `off`.
+template <KvDtype kDt>
+HWY_INLINE void ChunkValues(const float* p, const uint8_t* const* vrows, size_t off, int np, int hd,
+                            float* o) {
+  const uint8_t* hv[kChunk];
+  for (int j = 0; j < np; ++j) hv[j] = vrows[j] + off;
+  AccumulateV<kDt>(p, hv, np, hd, o);
+}
+
 // Up to kMaxPairs (token, head) pairs, each against its own KV head, chunk by
 // chunk over the positions: the pairs read adjacent slices of the same rows
 // (rows are [n_kv_heads][head_dim]) one after another, so each row comes from
@@ -395,15 +419,7 @@ void AttendPairs(const AttentionArgs& a, const HeadPair* pr, int n) {
       } else if (i + kAhead - n < n) {
         PrefetchSlices(vrows, np[i + kAhead - n], pr[i + kAhead - n].off, slice);
       }
-      const uint8_t* hk[kChunk];
-      for (int j = 0; j < np[i]; ++j) hk[j] = krows[j] + pr[i].off;
-      int j = 0;
-      for (; j + 4 <= np[i]; j += 4) {
-        float r[4];
-        Dot4<kDt>(pr[i].q, hk + j, hd, r);
-        for (int k = 0; k < 4; ++k) s[i][j + k] = r[k] * a.scale;
-      }
-      for (; j < np[i]; ++j) s[i][j] = Dot<kDt>(pr[i].q, hk[j], hd) * a.scale;
+      ChunkScores<kDt>(pr[i].q, krows, pr[i].off, np[i], hd, a.scale, s[i]);
     }
     for (int i = 0; i < n; ++i) {
       if (np[i] > 0) SoftmaxChunk(s[i], np[i], hd, &m[i], &lsum[i], o_buf + i * hd);
@@ -414,9 +430,7 @@ void AttendPairs(const AttentionArgs& a, const HeadPair* pr, int n) {
       } else if (i + kAhead - n < n) {
         PrefetchSlices(rows[c ^ 1][0], n_next, pr[i + kAhead - n].off, slice);
       }
-      const uint8_t* hv[kChunk];
-      for (int j = 0; j < np[i]; ++j) hv[j] = vrows[j] + pr[i].off;
-      if (np[i] > 0) AccumulateV<kDt>(s[i], hv, np[i], hd, o_buf + i * hd);
+      if (np[i] > 0) ChunkValues<kDt>(s[i], vrows, pr[i].off, np[i], hd, o_buf + i * hd);
     }
   }
   for (int i = 0; i < n; ++i) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -125,6 +126,35 @@ TEST(Rope, NeoxAndFactorsMatchReference) {
           if (k % head_dim >= rope_dims) ASSERT_EQ(got[k], x[k]) << "non-rotated dim changed";
         }
       }
+    }
+  }
+}
+
+// A table of angles made once for a run of positions rotates every layer's
+// Q and K exactly as Rope does (the shard relies on the same bits).
+TEST(Rope, AnglesTableThenRotateEqualsRopeBitForBit) {
+  std::vector<float> factors(64);
+  for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + 0.5f * static_cast<float>(i % 5);
+  for (bool neox : {false, true}) {
+    for (const float* ff :
+         {static_cast<const float*>(nullptr), static_cast<const float*>(factors.data())}) {
+      const int n_heads = 3, head_dim = 64, rope_dims = 48;
+      const int64_t n_tokens = 5, start = 777;
+      const RopeConfig cfg{rope_dims, 10000.f, 0.5f, neox, ff};
+      const auto x = Random(n_tokens * n_heads * head_dim, 12);
+      std::vector<float> want = x, got = x;
+      Rope(want.data(), n_tokens, n_heads, head_dim, cfg, start);
+      std::vector<float> cs(n_tokens * rope_dims / 2), sn(cs.size());
+      RopeAngles(cfg, start, n_tokens, cs.data(), sn.data());
+      RopeRotate(got.data(), n_tokens, n_heads, head_dim, cfg, cs.data(), sn.data());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+      // Each token has its own angles: rotating by the first token's angles only differs.
+      std::vector<float> wrong = x;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        RopeRotate(wrong.data() + t * n_heads * head_dim, 1, n_heads, head_dim, cfg, cs.data(),
+                   sn.data());
+      }
+      ASSERT_NE(0, std::memcmp(wrong.data(), want.data(), got.size() * sizeof(float)));
     }
   }
 }

@@ -31,6 +31,7 @@ struct LlamaShard::Workspace {
   std::vector<float> gate;              // (n, n_ff)
   std::vector<float> up;                // (n, n_ff)
   std::vector<uint8_t> mm;              // MatMul scratch (activation quantization)
+  std::vector<float> rope_cs, rope_sn;  // (n, n_rot / 2) each: the rows' RoPE cos and sin
   std::vector<ops::PagedKvLayer> kv;    // per slice: its KV view of the current layer
   std::vector<ops::AttentionSeq> seqs;  // per slice: its attention arguments
 
@@ -52,6 +53,8 @@ struct LlamaShard::Workspace {
     proj.resize(c * hp.n_embd);
     gate.resize(c * hp.n_ff);
     up.resize(c * hp.n_ff);
+    rope_cs.resize(c * (hp.n_rot / 2));
+    rope_sn.resize(c * (hp.n_rot / 2));
   }
 };
 
@@ -229,18 +232,23 @@ void LlamaShard::ForwardBatch(float* hidden, std::span<const BatchSlice> slices)
 void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
                         std::span<const BatchSlice> slices) const {
   const model::LlamaHParams& hp = hparams_;
-  const ops::RopeConfig rope{hp.n_rot, hp.rope_freq_base, 1.0f,
-                             hp.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
-  const auto rope_op = ggml_parity_ ? ops::RopeGgml : ops::Rope;
-  const int64_t q_dim = hp.q_dim(), kv_dim = hp.kv_dim();
+  const ops::RopeConfig rope = RopeCfg();
+  const int64_t q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), half = hp.n_rot / 2;
   int64_t row = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
     const BatchSlice& s = slices[i];
     float* q = ws.q.data() + row * q_dim;
     float* k = ws.k.data() + row * kv_dim;
     const float* v = ws.v.data() + row * kv_dim;
-    rope_op(q, s.n, hp.n_heads, hp.head_dim, rope, s.start);
-    rope_op(k, s.n, hp.n_kv_heads, hp.head_dim, rope, s.start);
+    if (ggml_parity_) {
+      ops::RopeGgml(q, s.n, hp.n_heads, hp.head_dim, rope, s.start);
+      ops::RopeGgml(k, s.n, hp.n_kv_heads, hp.head_dim, rope, s.start);
+    } else {  // the angles ForwardRows computed once for every layer
+      const float* cs = ws.rope_cs.data() + row * half;
+      const float* sn = ws.rope_sn.data() + row * half;
+      ops::RopeRotate(q, s.n, hp.n_heads, hp.head_dim, rope, cs, sn);
+      ops::RopeRotate(k, s.n, hp.n_kv_heads, hp.head_dim, rope, cs, sn);
+    }
     ws.kv[i] = s.step->Layer(lw.layer);
     for (int64_t t = 0; t < s.n; ++t) {  // the step's reserved rows
       ops::StoreKvRow(ws.kv[i], /*key=*/true, s.start + t, k + t * kv_dim);
@@ -254,6 +262,26 @@ void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
   ops::AttentionBatch(ws.seqs.data(), static_cast<int64_t>(slices.size()), attn, pool_);
 }
 
+ops::RopeConfig LlamaShard::RopeCfg() const {
+  return {hparams_.n_rot, hparams_.rope_freq_base, 1.0f,
+          hparams_.arch->rope_style == RopeStyle::kNeox, weights_.rope_freqs()};
+}
+
+// The RoPE cos and sin of every row's position, the same in every layer: a
+// 16-session decode step computed them 24 times (Q and K of 12 layers), which
+// took ~5% of the step in double-precision sin, cos and pow.
+void LlamaShard::RopeTable(Workspace& ws, std::span<const BatchSlice> slices) const {
+  const model::LlamaHParams& hp = hparams_;
+  const ops::RopeConfig rope = RopeCfg();
+  const int64_t half = hp.n_rot / 2;
+  int64_t row = 0;
+  for (const BatchSlice& s : slices) {
+    ops::RopeAngles(rope, s.start, s.n, ws.rope_cs.data() + row * half,
+                    ws.rope_sn.data() + row * half);
+    row += s.n;
+  }
+}
+
 void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlice> slices,
                              bool check_cancel) const {
   const model::LlamaHParams& hp = hparams_;
@@ -261,6 +289,7 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
   const auto rms_norm = ggml_parity_ ? ops::RmsNormGgml : ops::RmsNorm;
   std::unique_ptr<Workspace> ws = Acquire(n);
   ws->ReserveSlices(slices.size());
+  if (!ggml_parity_) RopeTable(*ws, slices);
   float* xb = ws->xb.data();
   void* mm = ws->mm.data();
   for (const model::LayerWeights& lw : weights_.layers()) {

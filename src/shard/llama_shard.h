@@ -32,6 +32,7 @@
 #include "model/hparams.h"
 #include "model/weights.h"
 #include "ops/matmul.h"
+#include "ops/nn.h"
 #include "shard/boundary.h"
 #include "util/mutex.h"
 
@@ -99,6 +100,8 @@ class LlamaShard {
                    bool check_cancel) const;
   void Attend(Workspace& ws, const model::LayerWeights& lw,
               std::span<const BatchSlice> slices) const;
+  ops::RopeConfig RopeCfg() const;
+  void RopeTable(Workspace& ws, std::span<const BatchSlice> slices) const;
   // The matrices this shard multiplies by (its layers', and the tail's output).
   std::vector<const model::MatrixView*> MatMulOperands() const;
   // m as a matmul operand, with its packed layout when it has one.
