@@ -29,7 +29,7 @@
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
 // inproc_nobatch and 3node_nobatch run with the nodes' batching off,
-// <route>_kvf16 with --kv-dtype float16, and
+// <route>_kvf32 with --kv-dtype float32, and
 // <route>_chunkN with --prefill-chunk N, <route>_shareX with --prefill-share X; Ratios then adds
 // <route>_16_batch_gain)
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
@@ -152,7 +152,7 @@ using bench::SelfCpuSeconds;
 
 // A route for one model: the in-process node or three serve processes;
 // "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),
-// "<route>_kvf16" keeps their KV cache in float16 (default float32),
+// "<route>_kvf32" keeps their KV cache in float32 (default float16),
 // "<route>_chunkN" sets their --prefill-chunk to N, "<route>_shareX" their
 // --prefill-share to X.
 class Route {
@@ -160,7 +160,7 @@ class Route {
   Route(const std::string& type, const std::string& route_name) {
     const std::string path = ModelPath(type);
     const bool nobatch = route_name.find("_nobatch") != std::string::npos;
-    const bool kv_f16 = route_name.find("_kvf16") != std::string::npos;
+    const bool kv_f32 = route_name.find("_kvf32") != std::string::npos;
     const size_t chunk_at = route_name.find("_chunk");
     const std::string chunk = chunk_at == std::string::npos ? "" : route_name.substr(chunk_at + 6);
     const size_t share_at = route_name.find("_share");
@@ -173,7 +173,7 @@ class Route {
       mo.kv_config.max_sessions = 256;
       mo.kv_config.budget_bytes = 1LL << 30;
       if (nobatch) mo.batch.max_batch_sessions = 1;
-      if (kv_f16) mo.kv_dtype = KvDtype::kF16;
+      if (kv_f32) mo.kv_dtype = KvDtype::kF32;
       if (!chunk.empty()) mo.batch.prefill_chunk = std::stoi(chunk);
       if (!share.empty()) mo.batch.prefill_share = std::stod(share);
       mesh_ = std::make_unique<mesh::InProcessMesh>(file_, mo, pool_.get());
@@ -199,7 +199,7 @@ class Route {
                                        "--rpc-threads",
                                        "256"};
       if (nobatch) args.insert(args.end(), {"--max-batch-sessions", "1"});
-      if (kv_f16) args.insert(args.end(), {"--kv-dtype", "float16"});
+      if (kv_f32) args.insert(args.end(), {"--kv-dtype", "float32"});
       if (!chunk.empty()) args.insert(args.end(), {"--prefill-chunk", chunk});
       if (!share.empty()) args.insert(args.end(), {"--prefill-share", share});
       nodes_.push_back(std::make_unique<rpc::testing::NodeProcess>(

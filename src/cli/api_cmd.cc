@@ -44,7 +44,7 @@ struct ApiFlags {
   int shards = 3;
   std::string split;
   std::string kv_budget = "64MiB";
-  std::string kv_dtype = "float32";
+  std::string kv_dtype = "float16";
   bool ggml_parity = false;
   int threads = 0;
   std::string nodes;

@@ -41,7 +41,7 @@ struct GenerateFlags {
   float top_p = 1.0f;
   uint64_t seed = 0;
   std::string kv_budget = "64MiB";
-  std::string kv_dtype = "float32";
+  std::string kv_dtype = "float16";
   bool ggml_parity = false;
   int threads = 0;
   std::string output = "text";

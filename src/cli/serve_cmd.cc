@@ -45,7 +45,7 @@ struct ServeFlags {
   std::string kv_budget = "64MiB";
   int64_t max_sessions = 8;
   double ttl_s = 600.0;
-  std::string kv_dtype = "float32";
+  std::string kv_dtype = "float16";
   bool ggml_parity = false;
   int threads = 0;
   int block_tokens = 16;

@@ -54,6 +54,7 @@ TEST(ConcurrentGeneration, PressureNeverCorruptsOutput) {
   mo.kv_config.max_sessions = 5;
   mo.kv_config.block_tokens = 16;
   mo.kv_config.budget_bytes = 4 * 64 * 512;
+  mo.kv_dtype = KvDtype::kF32;  // 512 bytes per position: 4-byte K/V values
   InProcessMesh mesh(file, mo, &pool);
   ASSERT_EQ(mesh.manager(0).recipe().BytesPerToken(), 512);
   std::vector<std::vector<int32_t>> got(prompts.size());

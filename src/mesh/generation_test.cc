@@ -125,6 +125,10 @@ TEST(Generation, CachedDecodeEqualsFullRecompute) {
   const std::vector<int32_t> prompt = Prompt();
   InProcessMeshOptions mo;
   mo.split = node::EvenSplit(3, 5);
+  // An F32 cache: the 1e-4 bound is about reusing state. Rounded to F16, a
+  // K/V value whose last bits differ between a many-row prompt matmul and a
+  // one-row decode matmul can land a whole F16 step apart (~1e-3).
+  mo.kv_dtype = KvDtype::kF32;
   InProcessMesh mesh(File(), mo, Pool());
   const RunOutput cached = Generate(mesh, prompt, 64);
   ASSERT_EQ(cached.logits.size(), 64u);

@@ -43,7 +43,7 @@ class InProcessEndpoint final : public ShardEndpoint {
 
 struct InProcessMeshOptions {
   std::vector<node::LayerRange> split;  // empty: one shard
-  KvDtype kv_dtype = KvDtype::kF32;
+  KvDtype kv_dtype = KvDtype::kF16;
   bool ggml_parity = false;  // node::NodeOptions::ggml_parity
   kv::HotKvStateConfig kv_config;
   node::BatchOptions batch;  // each node's batching of concurrent steps

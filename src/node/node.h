@@ -34,7 +34,7 @@ namespace meshnet::node {
 
 struct NodeOptions {
   std::optional<LayerRange> layers;  // empty: every layer of the model
-  KvDtype kv_dtype = KvDtype::kF32;
+  KvDtype kv_dtype = KvDtype::kF16;
   // llama.cpp's arithmetic (shard::LlamaShard's ggml_parity); needs kF16.
   bool ggml_parity = false;
   kv::HotKvStateConfig kv_config;

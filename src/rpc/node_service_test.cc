@@ -30,6 +30,7 @@ mesh::InProcessMeshOptions Split(int64_t budget = 8 << 20) {
   o.split = {{0, 1}, {2, 3}, {4, 4}};
   o.kv_config.budget_bytes = budget;
   o.kv_config.max_sessions = 64;
+  o.kv_dtype = KvDtype::kF32;  // the budgets in these tests count 4-byte K/V values
   return o;
 }
 

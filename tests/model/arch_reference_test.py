@@ -53,7 +53,8 @@ def check_model(meshnet, vocab, workdir, name, flags):
         dump = os.path.join(workdir, f"{name}-{split}.logits.jsonl")
         out = json.loads(run([meshnet, "generate", "--model", path, "--split", split,
                               "--prompt", PROMPT, "--max-tokens", "6", "--output", "json",
-                              "--threads", "1", "--dump-logits", dump]))
+                              "--threads", "1", "--kv-dtype", "float32",
+                              "--dump-logits", dump]))
         prompt, gen = out["prompt_ids"], out["generated_ids"]
         with open(dump) as f:
             got = np.array([json.loads(line) for line in f])
