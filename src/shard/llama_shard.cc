@@ -228,38 +228,74 @@ void LlamaShard::ForwardBatch(float* hidden, std::span<const BatchSlice> slices)
 }
 
 // RoPE, the K/V stores and attention of one layer, slice by slice over the
-// workspace's q/k/v rows; attention of every slice as one parallel job.
+// workspace's q/k/v rows: RoPE and stores of the slices in parallel, then
+// attention of every slice as one parallel job.
 void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
                         std::span<const BatchSlice> slices) const {
   const model::LlamaHParams& hp = hparams_;
-  const ops::RopeConfig rope = RopeCfg();
-  const int64_t q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), half = hp.n_rot / 2;
+  const int64_t q_dim = hp.q_dim();
   int64_t row = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
     const BatchSlice& s = slices[i];
-    float* q = ws.q.data() + row * q_dim;
-    float* k = ws.k.data() + row * kv_dim;
-    const float* v = ws.v.data() + row * kv_dim;
-    if (ggml_parity_) {
-      ops::RopeGgml(q, s.n, hp.n_heads, hp.head_dim, rope, s.start);
-      ops::RopeGgml(k, s.n, hp.n_kv_heads, hp.head_dim, rope, s.start);
-    } else {  // the angles ForwardRows computed once for every layer
-      const float* cs = ws.rope_cs.data() + row * half;
-      const float* sn = ws.rope_sn.data() + row * half;
-      ops::RopeRotate(q, s.n, hp.n_heads, hp.head_dim, rope, cs, sn);
-      ops::RopeRotate(k, s.n, hp.n_kv_heads, hp.head_dim, rope, cs, sn);
-    }
     ws.kv[i] = s.step->Layer(lw.layer);
-    for (int64_t t = 0; t < s.n; ++t) {  // the step's reserved rows
-      ops::StoreKvRow(ws.kv[i], /*key=*/true, s.start + t, k + t * kv_dim);
-      ops::StoreKvRow(ws.kv[i], /*key=*/false, s.start + t, v + t * kv_dim);
-    }
-    ws.seqs[i] = {q, s.n, s.start, &ws.kv[i], ws.att.data() + row * q_dim};
+    ws.seqs[i] = {ws.q.data() + row * q_dim, s.n, s.start, &ws.kv[i], ws.att.data() + row * q_dim};
     row += s.n;
+  }
+  auto rotate_and_store = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) RotateAndStore(ws, static_cast<size_t>(i));
+  };
+  const auto n_slices = static_cast<int64_t>(slices.size());
+  if (pool_ != nullptr && n_slices > 1) {
+    pool_->ParallelFor(n_slices, rotate_and_store);
+  } else {
+    rotate_and_store(0, n_slices);
   }
   ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
   attn.ggml_f16 = ggml_parity_;
   ops::AttentionBatch(ws.seqs.data(), static_cast<int64_t>(slices.size()), attn, pool_);
+}
+
+// Slice i of Attend (its seqs[i] and kv[i] set): RoPE on its Q and K rows and
+// its K and V rows stored at its reserved positions.
+void LlamaShard::RotateAndStore(Workspace& ws, size_t i) const {
+  const model::LlamaHParams& hp = hparams_;
+  const ops::RopeConfig rope = RopeCfg();
+  const ops::AttentionSeq& seq = ws.seqs[i];
+  const int64_t q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), half = hp.n_rot / 2;
+  const int64_t row = (seq.q - ws.q.data()) / q_dim;
+  float* q = ws.q.data() + row * q_dim;
+  float* k = ws.k.data() + row * kv_dim;
+  const float* v = ws.v.data() + row * kv_dim;
+  if (ggml_parity_) {
+    ops::RopeGgml(q, seq.n_tokens, hp.n_heads, hp.head_dim, rope, seq.start_pos);
+    ops::RopeGgml(k, seq.n_tokens, hp.n_kv_heads, hp.head_dim, rope, seq.start_pos);
+  } else {  // the angles ForwardRows computed once for every layer
+    const float* cs = ws.rope_cs.data() + row * half;
+    const float* sn = ws.rope_sn.data() + row * half;
+    ops::RopeRotate(q, seq.n_tokens, hp.n_heads, hp.head_dim, rope, cs, sn);
+    ops::RopeRotate(k, seq.n_tokens, hp.n_kv_heads, hp.head_dim, rope, cs, sn);
+  }
+  for (int64_t t = 0; t < seq.n_tokens; ++t) {  // the step's reserved rows
+    ops::StoreKvRow(ws.kv[i], /*key=*/true, seq.start_pos + t, k + t * kv_dim);
+    ops::StoreKvRow(ws.kv[i], /*key=*/false, seq.start_pos + t, v + t * kv_dim);
+  }
+}
+
+// gate = silu(gate) * up, rows in parallel, one row per call: the kernel's
+// last n_ff % lanes values of a call take its scalar path, so this way a row's
+// SiLU does not depend on which rows share its batch (stories260K: n_ff 172).
+void LlamaShard::SwiGluRows(Workspace& ws, int64_t n) const {
+  const int64_t ff = hparams_.n_ff;
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      ops::SwiGlu(ws.gate.data() + r * ff, ws.up.data() + r * ff, ff, ws.gate.data() + r * ff);
+    }
+  };
+  if (pool_ != nullptr && n > 1) {
+    pool_->ParallelFor(n, rows);
+  } else {
+    rows(0, n);
+  }
 }
 
 ops::RopeConfig LlamaShard::RopeCfg() const {
@@ -319,7 +355,7 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
     if (ggml_parity_) {
       ops::SwiGluGgml(ws->gate.data(), ws->up.data(), n, hp.n_ff, ws->gate.data());
     } else {
-      ops::SwiGlu(ws->gate.data(), ws->up.data(), n * hp.n_ff, ws->gate.data());
+      SwiGluRows(*ws, n);
     }
     Mm(ggml_parity_, Matrix(lw.w_down), ws->gate.data(), n, ws->proj.data(), mm,
        pool_);  // (n, n_embd)

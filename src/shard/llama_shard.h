@@ -101,6 +101,8 @@ class LlamaShard {
   void Attend(Workspace& ws, const model::LayerWeights& lw,
               std::span<const BatchSlice> slices) const;
   ops::RopeConfig RopeCfg() const;
+  void SwiGluRows(Workspace& ws, int64_t n) const;
+  void RotateAndStore(Workspace& ws, size_t i) const;
   void RopeTable(Workspace& ws, std::span<const BatchSlice> slices) const;
   // The matrices this shard multiplies by (its layers', and the tail's output).
   std::vector<const model::MatrixView*> MatMulOperands() const;
