@@ -575,7 +575,7 @@ void BM_Prefill(benchmark::State& state) {
 
 // Prompt processing (16, 128, 512 tokens) for every type through a 768x768
 // and a 2048x768 matrix; the continuous-batching sizes (2..64 tokens) for the
-// main types; 2 threads at 128 tokens.
+// main types; 2 threads at 16 and 128 tokens.
 void PrefillArgs(benchmark::internal::Benchmark* b) {
   const GgmlType all[] = {GgmlType::kF32,    GgmlType::kF16,  GgmlType::kBF16,  GgmlType::kQ8_0,
                           GgmlType::kQ4_0,   GgmlType::kQ4_1, GgmlType::kQ5_0,  GgmlType::kQ5_1,
@@ -591,6 +591,7 @@ void PrefillArgs(benchmark::internal::Benchmark* b) {
        {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     for (int64_t tokens : {2, 4, 8, 32, 64})
       b->Args({static_cast<int64_t>(t), 2048, 768, tokens, 1});
+    b->Args({static_cast<int64_t>(t), 2048, 768, 16, 2});  // a 16-session decode step
     b->Args({static_cast<int64_t>(t), 2048, 768, 128, 2});
   }
   b->ArgNames({"type", "rows", "cols", "tokens", "threads"});
