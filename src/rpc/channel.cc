@@ -5,6 +5,7 @@
 
 #include "rpc/auth.h"
 #include "rpc/codec.h"
+#include "rpc/grpc_runtime.h"
 
 namespace meshnet::rpc {
 
@@ -17,6 +18,7 @@ std::chrono::system_clock::time_point DeadlineAfter(double seconds) {
 
 std::shared_ptr<grpc::Channel> MakeClientChannel(const std::string& address,
                                                  const ClientOptions& o) {
+  QuietAbslDebugChecks();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);

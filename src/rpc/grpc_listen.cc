@@ -2,6 +2,7 @@
 
 #include <grpcpp/resource_quota.h>
 
+#include "rpc/grpc_runtime.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
@@ -11,6 +12,7 @@ std::unique_ptr<grpc::Server> StartListening(grpc::ServerBuilder& builder,
                                              const std::shared_ptr<grpc::ServerCredentials>& creds,
                                              int max_threads, const std::string& quota_name,
                                              const std::string& why, int* port) {
+  QuietAbslDebugChecks();
   *port = 0;
   builder.AddListeningPort(listen, creds, port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
