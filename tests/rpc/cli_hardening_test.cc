@@ -163,6 +163,23 @@ TEST_F(CliHardeningTest, GenerateAcceptsHalfPrecisionAliases) {
   }
 }
 
+// The KV cache is float16 unless asked otherwise: a budget of one 16-position
+// block of float32 rows on the head shard (2 layers x 4 KV heads x 8 dims x
+// K and V x 4 bytes = 512 bytes per position) holds a generation past 16 positions
+// in float16, and refuses it, naming the budget, with --kv-dtype float32.
+TEST_F(CliHardeningTest, DefaultKvCacheIsFloat16) {
+  const std::vector<std::string> args = {
+      "generate",  "--prompt", "Once upon a time", "--max-tokens", "20",
+      "--threads", "1",        "--kv-budget",      "8KiB"};
+  const CliResult half = Run(args);
+  EXPECT_EQ(half.exit_code, 0) << Describe(half);
+  std::vector<std::string> f32 = args;
+  f32.insert(f32.end(), {"--kv-dtype", "float32"});
+  const CliResult full = Run(f32);
+  EXPECT_EQ(full.exit_code, 2) << Describe(full);
+  EXPECT_THAT(full.err, HasSubstr("exceeds the KV budget")) << Describe(full);
+}
+
 // The batching flags are range-checked before anything starts: exit 2 naming
 // the flag, on serve, generate and api alike.
 TEST_F(CliHardeningTest, BatchFlagsOutOfRangeExitTwo) {
