@@ -17,7 +17,6 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +31,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "util/die_with_parent.h"
 
 namespace meshnet::registry::testing {
 
@@ -168,12 +169,7 @@ class EtcdServer {
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
-      // Die with the test process: one that crashes or is killed (ctest's
-      // timeout) must not leave children running. The signal follows the
-      // forking thread, so this is called on a thread that outlives the child
-      // (the test's main thread, or one that waits for the child's exit).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);  // the parent was already gone
+      DieWithParent(parent);
       const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
         dup2(fd, STDOUT_FILENO);

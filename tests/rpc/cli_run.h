@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "util/die_with_parent.h"
 
 namespace meshnet::rpc::testing {
 
@@ -45,12 +46,7 @@ inline CliResult RunCli(const std::string& binary, const std::vector<std::string
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    // Die with the test process: one that crashes or is killed (ctest's
-    // timeout) must not leave children running. The signal follows the
-    // forking thread, so this is called on a thread that outlives the child
-    // (the test's main thread, or one that waits for the child's exit).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // the parent was already gone
+    DieWithParent(parent);
     const int in = open(stdin_path.c_str(), O_RDONLY);
     if (in >= 0) dup2(in, STDIN_FILENO);
     dup2(out[1], STDOUT_FILENO);

@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "util/die_with_parent.h"
 
 namespace meshnet::rpc::testing {
 
@@ -42,12 +43,7 @@ class NodeProcess {
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
-      // Die with the test process: one that crashes or is killed (ctest's
-      // timeout) must not leave children running. The signal follows the
-      // forking thread, so this is called on a thread that outlives the child
-      // (the test's main thread, or one that waits for the child's exit).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);  // the parent was already gone
+      DieWithParent(parent);
       dup2(out[1], STDOUT_FILENO);
       const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (log >= 0) dup2(log, STDERR_FILENO);
