@@ -18,33 +18,21 @@ void RmsNorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
   internal::RmsNormKernel(x, weight, n_rows, dim, eps, out);
 }
 
-namespace {
-// The angles' inverse frequencies, in double (cfg.rope_dims / 2 of them).
-void RopeInvFreq(const RopeConfig& cfg, double* inv_freq) {
+void RopeAngles(const RopeConfig& cfg, int64_t start_pos, int64_t n_tokens, float* cs, float* sn) {
   const int half = cfg.rope_dims / 2;
+  double inv_freq[kMaxHeadDim / 2];
   for (int i = 0; i < half; ++i) {
     inv_freq[i] = static_cast<double>(cfg.freq_scale) *
                   std::pow(static_cast<double>(cfg.freq_base), -2.0 * i / cfg.rope_dims);
     if (cfg.freq_factors != nullptr) inv_freq[i] /= static_cast<double>(cfg.freq_factors[i]);
   }
-}
-
-// cos and sin of the `half` angles of position pos.
-void RopeAnglesAt(const double* inv_freq, int half, int64_t pos, float* cs, float* sn) {
-  for (int i = 0; i < half; ++i) {
-    const double theta = static_cast<double>(pos) * inv_freq[i];
-    cs[i] = static_cast<float>(std::cos(theta));
-    sn[i] = static_cast<float>(std::sin(theta));
-  }
-}
-}  // namespace
-
-void RopeAngles(const RopeConfig& cfg, int64_t start_pos, int64_t n_tokens, float* cs, float* sn) {
-  const int half = cfg.rope_dims / 2;
-  double inv_freq[kMaxHeadDim / 2];
-  RopeInvFreq(cfg, inv_freq);
   for (int64_t t = 0; t < n_tokens; ++t) {
-    RopeAnglesAt(inv_freq, half, start_pos + t, cs + t * half, sn + t * half);
+    const auto pos = static_cast<double>(start_pos + t);
+    for (int i = 0; i < half; ++i) {
+      const double theta = pos * inv_freq[i];
+      cs[t * half + i] = static_cast<float>(std::cos(theta));
+      sn[t * half + i] = static_cast<float>(std::sin(theta));
+    }
   }
 }
 
@@ -66,18 +54,6 @@ void RopeRotate(float* x, int64_t n_tokens, int n_heads, int head_dim, const Rop
         a[second] = x0 * s[i] + x1 * c[i];
       }
     }
-  }
-}
-
-void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
-          int64_t start_pos) {
-  double inv_freq[kMaxHeadDim / 2];
-  RopeInvFreq(cfg, inv_freq);
-  float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
-  const int64_t token_floats = static_cast<int64_t>(n_heads) * head_dim;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    RopeAnglesAt(inv_freq, cfg.rope_dims / 2, start_pos + t, cs, sn);
-    RopeRotate(x + t * token_floats, 1, n_heads, head_dim, cfg, cs, sn);
   }
 }
 

@@ -35,15 +35,13 @@ struct RopeConfig {
   // divide each angle; nullptr = all 1.
   const float* freq_factors = nullptr;
 };
-// RoPE in place, llama.cpp's ggml_rope_ext without YaRN: x (n_tokens, n_heads,
-// head_dim); token t is at position start_pos + t. Pair i (adjacent, or NeoX
-// halves), 2i < rope_dims, rotates by theta_i (angles computed in double).
-void Rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
-          int64_t start_pos);
-// Rope in two halves, for a forward pass that rotates the same positions in
-// every layer: RopeAngles writes cos and sin of each token's angles, cs and sn
-// (n_tokens, rope_dims / 2) each, computed as Rope computes them;
-// RopeRotate(x, ..., cs, sn) then equals Rope(x, ...) bit for bit.
+// RoPE in place, llama.cpp's ggml_rope_ext without YaRN, in two halves so
+// that a forward pass computes its rows' angles once for every layer.
+// RopeAngles writes the cos and sin of each token's angles, cs and sn
+// (n_tokens, rope_dims / 2) each; token t is at position start_pos + t, and
+// pair i's angle theta_i is computed in double. RopeRotate rotates x
+// (n_tokens, n_heads, head_dim) by them: pair i (adjacent, or NeoX halves),
+// 2i < rope_dims, by theta_i.
 void RopeAngles(const RopeConfig& cfg, int64_t start_pos, int64_t n_tokens, float* cs, float* sn);
 void RopeRotate(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
                 const float* cs, const float* sn);

@@ -60,10 +60,19 @@ TEST(RmsNorm, UnitWeightsGiveUnitRms) {
   EXPECT_NEAR(y[1], -4.0 / std::sqrt(12.5), 1e-6);
 }
 
+// RoPE of x (n_tokens, n_heads, head_dim) from position start, as the shard
+// runs it: the angles of the run, then the rotation.
+void RopeRun(float* x, int64_t n_tokens, int n_heads, int head_dim, const RopeConfig& cfg,
+             int64_t start) {
+  std::vector<float> cs(static_cast<size_t>(n_tokens * (cfg.rope_dims / 2))), sn(cs.size());
+  RopeAngles(cfg, start, n_tokens, cs.data(), sn.data());
+  RopeRotate(x, n_tokens, n_heads, head_dim, cfg, cs.data(), sn.data());
+}
+
 TEST(Rope, HandComputedRotation) {
   // Position 1, head_dim 4, rope_dims 4, base 100: pair 0 turns by 1 rad, pair 1 by 0.1 rad.
   std::vector<float> x = {1.0f, 0.0f, 0.0f, 2.0f};
-  Rope(x.data(), 1, 1, 4, RopeConfig{4, 100.0f, 1.0f}, 1);
+  RopeRun(x.data(), 1, 1, 4, RopeConfig{4, 100.0f, 1.0f}, 1);
   EXPECT_NEAR(x[0], std::cos(1.0), 1e-6);
   EXPECT_NEAR(x[1], std::sin(1.0), 1e-6);
   EXPECT_NEAR(x[2], -2.0 * std::sin(0.1), 1e-6);
@@ -83,7 +92,7 @@ TEST(Rope, MatchesReferencePartialDimsAndLargePositions) {
     const auto x = Random(n_tokens * c.n_heads * c.head_dim, 4);
     std::vector<float> got = x, want = x;
     const RopeConfig cfg{c.rope_dims, c.base, c.scale};
-    Rope(got.data(), n_tokens, c.n_heads, c.head_dim, cfg, c.start);
+    RopeRun(got.data(), n_tokens, c.n_heads, c.head_dim, cfg, c.start);
     RopeReference(want.data(), n_tokens, c.n_heads, c.head_dim, cfg, c.start);
     ExpectClose(got, want, 1e-5, 1e-6, "rope");
     for (int64_t k = 0; k < static_cast<int64_t>(x.size()); ++k) {
@@ -100,7 +109,7 @@ TEST(Rope, NeoxRotatesHalvesAndFactorsDivideAngles) {
   const float factors[2] = {2.0f, 1.0f};
   std::vector<float> x = {1.0f, 0.0f, 0.0f, 2.0f};
   RopeConfig cfg{4, 100.0f, 1.0f, /*neox=*/true, factors};
-  Rope(x.data(), 1, 1, 4, cfg, 1);
+  RopeRun(x.data(), 1, 1, 4, cfg, 1);
   EXPECT_NEAR(x[0], std::cos(0.5), 1e-6);
   EXPECT_NEAR(x[2], std::sin(0.5), 1e-6);
   EXPECT_NEAR(x[1], -2.0 * std::sin(0.1), 1e-6);
@@ -119,7 +128,7 @@ TEST(Rope, NeoxAndFactorsMatchReference) {
         const auto x = Random(n_tokens * n_heads * head_dim, 11);
         std::vector<float> got = x, want = x;
         const RopeConfig cfg{rope_dims, 500000.f, 1.f, neox, ff};
-        Rope(got.data(), n_tokens, n_heads, head_dim, cfg, start);
+        RopeRun(got.data(), n_tokens, n_heads, head_dim, cfg, start);
         RopeReference(want.data(), n_tokens, n_heads, head_dim, cfg, start);
         ExpectClose(got, want, 1e-5, 1e-6, "rope");
         for (int64_t k = 0; k < static_cast<int64_t>(x.size()); ++k) {
@@ -130,9 +139,10 @@ TEST(Rope, NeoxAndFactorsMatchReference) {
   }
 }
 
-// A table of angles made once for a run of positions rotates every layer's
-// Q and K exactly as Rope does (the shard relies on the same bits).
-TEST(Rope, AnglesTableThenRotateEqualsRopeBitForBit) {
+// A table of angles made once for a run of positions rotates every token
+// exactly as that token alone at its position (the shard's batches and long
+// prompts rely on the same bits).
+TEST(Rope, AnglesOfARunEqualEachTokenAloneBitForBit) {
   std::vector<float> factors(64);
   for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + 0.5f * static_cast<float>(i % 5);
   for (bool neox : {false, true}) {
@@ -143,7 +153,9 @@ TEST(Rope, AnglesTableThenRotateEqualsRopeBitForBit) {
       const RopeConfig cfg{rope_dims, 10000.f, 0.5f, neox, ff};
       const auto x = Random(n_tokens * n_heads * head_dim, 12);
       std::vector<float> want = x, got = x;
-      Rope(want.data(), n_tokens, n_heads, head_dim, cfg, start);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        RopeRun(want.data() + t * n_heads * head_dim, 1, n_heads, head_dim, cfg, start + t);
+      }
       std::vector<float> cs(n_tokens * rope_dims / 2), sn(cs.size());
       RopeAngles(cfg, start, n_tokens, cs.data(), sn.data());
       RopeRotate(got.data(), n_tokens, n_heads, head_dim, cfg, cs.data(), sn.data());
