@@ -67,6 +67,7 @@ class LlamaShard {
   const CertifiedArchitecture& arch() const { return *hparams_.arch; }
   const ShardRole& role() const { return role_; }
   const gguf::GgufFile& file() const { return *file_; }
+  ThreadPool* pool() const { return pool_; }  // may be null
   kv::KvCacheRecipe MakeRecipe(KvDtype kv_dtype) const;
 
   // Head only: hidden (n, n_embd) = embedding rows of ids. Throws

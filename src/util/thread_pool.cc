@@ -63,14 +63,45 @@ bool SpinUntil(Pred pred) {
   }
 }
 
+// The CPUs of this process's affinity mask (empty if it cannot be read).
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// Pins the calling thread to `cpu`; false if the OS refuses (then nothing changed).
+bool PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
+}
+
+// Lets the calling thread run on any of `cpus`.
+void PinToAll(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   num_threads = std::max(num_threads, 1);
+  std::vector<int> allowed = AllowedCpus();
+  if (num_threads > 1 && static_cast<int>(allowed.size()) == num_threads)
+    cpus_ = std::move(allowed);
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   try {
-    for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+    for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
   } catch (const std::system_error& e) {
     // The OS refused a thread (thread limit, memory): stop and join the ones
     // already running (a joinable std::thread must not be destroyed), then
@@ -144,9 +175,26 @@ void ThreadPool::Run(int64_t n, int64_t min_chunk, Trampoline fn, void* ctx) {
   }
 }
 
-void ThreadPool::WorkerLoop() {
+ThreadPool::PinnedCaller::PinnedCaller(ThreadPool* pool) {
+  if (pool == nullptr || pool->cpus_.empty()) return;
+  if (pool->caller_pinned_.exchange(true, std::memory_order_acquire)) return;  // another one
+  if (sched_getaffinity(0, sizeof(previous_), &previous_) != 0 || !PinTo(pool->cpus_[0])) {
+    pool->caller_pinned_.store(false, std::memory_order_release);
+    return;
+  }
+  pool_ = pool;
+}
+
+ThreadPool::PinnedCaller::~PinnedCaller() {
+  if (pool_ == nullptr) return;
+  sched_setaffinity(0, sizeof(previous_), &previous_);
+  pool_->caller_pinned_.store(false, std::memory_order_release);
+}
+
+void ThreadPool::WorkerLoop(int index) {
   t_current_pool = this;
-  uint64_t seen = 0;  // generation at construction; a job may already be published
+  bool pinned = false;  // to its CPU, while a PinnedCaller is alive
+  uint64_t seen = 0;    // generation at construction; a job may already be published
   for (;;) {
     auto published = [&] { return Generation(state_.load(std::memory_order_acquire)) != seen; };
     if (!SpinUntil(published)) {
@@ -165,6 +213,16 @@ void ThreadPool::WorkerLoop() {
       }
     }
     if (!joined) continue;  // closed before we got there (or a newer job: next loop)
+    // Follow the callers' placement (a syscall only when it changes). A worker
+    // that cannot be pinned runs where the scheduler puts it.
+    if (!cpus_.empty() && caller_pinned_.load(std::memory_order_relaxed) != pinned) {
+      pinned = !pinned;
+      if (pinned) {
+        PinTo(cpus_[static_cast<size_t>(index) + 1]);
+      } else {
+        PinToAll(cpus_);
+      }
+    }
     RunChunks();
     const uint64_t after = state_.fetch_sub(1, std::memory_order_acq_rel) - 1;
     if ((after & kClosed) != 0 && (after & kJoinedMask) == 0) {

@@ -16,7 +16,19 @@
 //   ranges inline on its own thread (never blocks, never deadlocks).
 // - Workers spin briefly after each job before sleeping, so back-to-back kernel
 //   calls (a decode step) do not pay a futex wake-up each.
+// - Placement: in a pool with as many threads as the CPUs this process may run
+//   on (its affinity mask at construction), a PinnedCaller keeps the thread
+//   that drives a series of calls (a batch's forward pass) on the mask's first
+//   CPU and, while it lives, worker i runs on CPU i + 1 (pinned when it joins
+//   a job, unpinned at the first job after). Left to the scheduler, a worker
+//   woken from sleep was often placed on the caller's CPU (wake-affine) while
+//   the other stayed idle, and a whole forward pass ran on one CPU:
+//   multi_session_bench measured 10-35% of the batch cycles' wall time at ~1
+//   CPU (16 sessions, 2 vCPUs), none with the threads pinned. A smaller pool
+//   (e.g. several nodes sharing a machine) leaves placement to the scheduler.
 #pragma once
+
+#include <sched.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -39,6 +51,29 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // While alive, the constructing thread runs only on the CPU the workers
+  // leave free (its previous affinity is restored at destruction), and the
+  // workers on theirs. Does nothing if the pool does not place its threads
+  // (fewer threads than CPUs) or another PinnedCaller
+  // of the pool is alive (concurrent callers run inline or take turns, and
+  // two of them on one CPU would be worse than none pinned). Not movable.
+  class PinnedCaller {
+   public:
+    explicit PinnedCaller(ThreadPool* pool);
+    ~PinnedCaller();
+    PinnedCaller(const PinnedCaller&) = delete;
+    PinnedCaller& operator=(const PinnedCaller&) = delete;
+    bool pinned() const { return pool_ != nullptr; }
+
+   private:
+    ThreadPool* pool_ = nullptr;  // set while pinned
+    cpu_set_t previous_;
+  };
+
+  // The CPUs a PinnedCaller and the workers are placed on (the caller's
+  // first), or empty when the pool leaves placement to the scheduler.
+  const std::vector<int>& pinned_cpus() const { return cpus_; }
+
   // Threads that take part in a ParallelFor (workers + caller).
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
@@ -55,11 +90,13 @@ class ThreadPool {
   using Trampoline = void (*)(void* ctx, int64_t begin, int64_t end);
 
   void Run(int64_t n, int64_t min_chunk, Trampoline fn, void* ctx);
-  void WorkerLoop();
+  void WorkerLoop(int index);
   void StopAndJoin();  // ends every worker; the pool is unusable after
   void RunChunks();
 
   std::vector<std::thread> workers_;
+  std::vector<int> cpus_;                   // see pinned_cpus(); written before the workers start
+  std::atomic<bool> caller_pinned_{false};  // a PinnedCaller is alive
 
   // Serializes pool-wide jobs; a caller that cannot take it runs inline. The
   // job fields below are written by its holder but read by workers without

@@ -1,6 +1,7 @@
 #include "util/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +177,120 @@ TEST(ThreadPool, ManyQuickJobsThenDestroy) {
       });
     }
     EXPECT_EQ(sum.load(), 50 * (32 * 33 / 2));
+  }
+}
+
+// ---- placement (PinnedCaller) ----
+
+std::vector<int> AllowedCpuList() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+cpu_set_t CurrentMask() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  return set;
+}
+
+struct Seen {
+  std::thread::id id;
+  int cpu = -1;
+  cpu_set_t mask;
+};
+
+// One job of num_threads() chunks, each waiting (bounded) until every thread
+// of the pool has started one: records each thread's CPU and affinity.
+std::vector<Seen> RunOnEveryThread(ThreadPool& pool) {
+  const int n = pool.num_threads();
+  std::vector<Seen> seen(static_cast<size_t>(n));
+  std::atomic<int> started{0};
+  pool.ParallelFor(
+      n,
+      [&](int64_t begin, int64_t) {
+        Seen& s = seen[static_cast<size_t>(begin)];
+        s.id = std::this_thread::get_id();
+        s.cpu = sched_getcpu();
+        s.mask = CurrentMask();
+        started.fetch_add(1);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (started.load() < n && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+      },
+      1);
+  EXPECT_EQ(started.load(), n);
+  return seen;
+}
+
+TEST(ThreadPoolPlacement, PinnedCallerPutsCallerAndWorkersOnCpusOfTheirOwn) {
+  const std::vector<int> cpus = AllowedCpuList();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  ThreadPool pool(static_cast<int>(cpus.size()));
+  ASSERT_EQ(pool.pinned_cpus(), cpus);
+  cpu_set_t before = CurrentMask();
+  {
+    const ThreadPool::PinnedCaller pin(&pool);
+    ASSERT_TRUE(pin.pinned());
+    EXPECT_EQ(sched_getcpu(), cpus[0]);
+    std::set<int> worker_cpus;
+    for (Seen& s : RunOnEveryThread(pool)) {
+      EXPECT_EQ(CPU_COUNT(&s.mask), 1);
+      if (s.id == std::this_thread::get_id()) {
+        EXPECT_EQ(s.cpu, cpus[0]);
+      } else {
+        worker_cpus.insert(s.cpu);
+      }
+    }
+    EXPECT_EQ(worker_cpus, std::set<int>(cpus.begin() + 1, cpus.end()));
+  }
+  cpu_set_t after = CurrentMask();
+  EXPECT_TRUE(CPU_EQUAL(&before, &after)) << "the caller's affinity is restored";
+  // Without a PinnedCaller the workers unpin at their next job.
+  for (Seen& s : RunOnEveryThread(pool)) EXPECT_TRUE(CPU_EQUAL(&s.mask, &before));
+}
+
+TEST(ThreadPoolPlacement, OnePinnedCallerAtATime) {
+  const std::vector<int> cpus = AllowedCpuList();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  ThreadPool pool(static_cast<int>(cpus.size()));
+  {
+    const ThreadPool::PinnedCaller first(&pool);
+    ASSERT_TRUE(first.pinned());
+    std::thread other([&] {
+      cpu_set_t before = CurrentMask();
+      const ThreadPool::PinnedCaller second(&pool);
+      EXPECT_FALSE(second.pinned());
+      cpu_set_t now = CurrentMask();
+      EXPECT_TRUE(CPU_EQUAL(&before, &now));
+    });
+    other.join();
+  }
+  const ThreadPool::PinnedCaller again(&pool);  // the first one is gone
+  EXPECT_TRUE(again.pinned());
+}
+
+TEST(ThreadPoolPlacement, PoolsNotMatchingTheCpusLeavePlacementToTheScheduler) {
+  const std::vector<int> cpus = AllowedCpuList();
+  const ThreadPool::PinnedCaller none(nullptr);
+  EXPECT_FALSE(none.pinned());
+  for (int threads : {static_cast<int>(cpus.size()) - 1, static_cast<int>(cpus.size()) + 1}) {
+    if (threads < 1) continue;
+    ThreadPool pool(threads);
+    EXPECT_TRUE(pool.pinned_cpus().empty()) << threads;
+    cpu_set_t before = CurrentMask();
+    const ThreadPool::PinnedCaller pin(&pool);
+    EXPECT_FALSE(pin.pinned()) << threads;
+    cpu_set_t now = CurrentMask();
+    EXPECT_TRUE(CPU_EQUAL(&before, &now)) << threads;
+    for (Seen& s : RunOnEveryThread(pool)) EXPECT_TRUE(CPU_EQUAL(&s.mask, &before)) << threads;
   }
 }
 
