@@ -5,7 +5,9 @@
 //     1 shard vs 3 in-process shards;
 //   * cached decode vs re-prefill-per-token at 512 context (the naive strategy);
 //   * the roofline ratio: weight bytes read per decode token x tokens/s over
-//     the read bandwidth measured in the same run (BM_ReadBandwidth).
+//     the read bandwidth measured in the same run (BM_ReadBandwidth);
+//   * one forward pass of 16 token rows vs one decode row (BM_SixteenRows,
+//     F32, Q8_0, Q4_K): what a 16-session batch could gain at most.
 // Models are generated into $MESHNET_BENCH_DIR (default /tmp/meshnet-bench)
 // with the make-model library on first use; nothing is committed.
 #include <benchmark/benchmark.h>
@@ -194,6 +196,48 @@ void BM_CachedVsReprefill512(benchmark::State& state) {
 
 constexpr int64_t kF32 = static_cast<int64_t>(GgmlType::kF32);
 constexpr int64_t kQ8 = static_cast<int64_t>(GgmlType::kQ8_0);
+constexpr int64_t kQ4K = static_cast<int64_t>(GgmlType::kQ4_K);
+
+// One forward pass of 16 token rows (a 16-token prompt: the matmuls of a
+// 16-session decode batch, without its attention over 16 contexts or the
+// scheduler) vs one decode row, alternated 50 times on 1 shard: ms_16 and ms_1
+// (best), their means, and bound_16v1 = 16 x ms_1 / ms_16, the most a batch of
+// 16 sessions can gain over one session here.
+void BM_SixteenRows(benchmark::State& state) {
+  const auto type = static_cast<GgmlType>(state.range(0));
+  mesh::InProcessMesh mesh(Model(type), MeshOptions(1), Pool());
+  auto& adapter = mesh.adapter(0);
+  const auto prompt = Prompt(16);
+  const int32_t next = 5;
+  auto seconds = [](auto&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  constexpr int kRounds = 50;
+  double best16 = 1e30, best1 = 1e30, sum16 = 0, sum1 = 0;
+  for (auto _ : state) {
+    for (int round = 0; round < kRounds; ++round) {
+      const std::string sid = node::RandomId128();
+      shard::StepInput rows, one;
+      rows.token_ids = std::span<const int32_t>(prompt);
+      one.token_ids = std::span<const int32_t>(&next, 1);
+      const double s16 = seconds([&] { adapter.Prefill(sid, 0, rows, {}); });
+      const double s1 = seconds([&] { adapter.Decode(sid, 0, one, 16, {}); });
+      adapter.manager().Release(sid, 0);
+      best16 = std::min(best16, s16);
+      best1 = std::min(best1, s1);
+      sum16 += s16;
+      sum1 += s1;
+    }
+  }
+  const double n = kRounds * static_cast<double>(state.iterations());
+  state.counters["ms_16"] = best16 * 1e3;
+  state.counters["ms_1"] = best1 * 1e3;
+  state.counters["mean_ms_16"] = sum16 / n * 1e3;
+  state.counters["mean_ms_1"] = sum1 / n * 1e3;
+  state.counters["bound_16v1"] = 16 * best1 / best16;
+}
 
 // F32 and Q8_0, each on 1 and 3 shards, two iterations.
 void TypesAndShards(benchmark::internal::Benchmark* b) {
@@ -208,6 +252,13 @@ void TypesAndShards(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Decode)->Apply(TypesAndShards);
 BENCHMARK(BM_Prefill)->Apply(TypesAndShards);
+BENCHMARK(BM_SixteenRows)
+    ->ArgNames({"type"})
+    ->Arg(kF32)
+    ->Arg(kQ8)
+    ->Arg(kQ4K)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CachedVsReprefill512)
     ->ArgNames({"type"})
     ->Arg(kF32)

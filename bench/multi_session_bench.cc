@@ -9,8 +9,9 @@
 //    `meshnet serve` processes on loopback (layers 0-3, 4-7, 8-11, --threads
 //    --mb_node_threads each). Counters: aggregate tokens/s (every generated
 //    token over the wall time), the same per CPU-second of every process of the
-//    route (tok_per_cpu_s: steadier than wall time on a shared machine),
-//    inter-token latency p50/p99 and TTFT p50/p99; in process also the node's
+//    route (tok_per_cpu_s: steadier than wall time on a shared machine), the
+//    CPUs those processes used on average (cpus), inter-token latency p50/p99
+//    and TTFT p50/p99; in process also the node's
 //    batches, sessions_per_batch, batch_ms (mean forward pass) and node_busy
 //    (its share of the wall time).
 //  * Ratios/<type>: from the Throughput runs of this process: 16 vs 1 session
@@ -328,6 +329,9 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   state.counters["ttft_p99_ms"] = mesh::Percentile(ttft, 0.99) * 1e3;
   state.counters["tokens"] = static_cast<double>(r.TotalTokens());
   state.counters["tok_per_cpu_s"] = f.tokens_per_cpu_s;
+  // Below ~1.9 in process (2 vCPUs), its 2 compute threads were often not
+  // both running (see util/thread_pool.h, Placement).
+  state.counters["cpus"] = r.wall_s > 0 ? cpu_s / r.wall_s : 0;
 }
 
 void BM_Ratios(benchmark::State& state, std::string type) {
