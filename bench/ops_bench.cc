@@ -13,6 +13,11 @@
 //                 GGML-style 32-block int8 dot (vpmaddubsw, vpmaddwd, convert,
 //                 FMA by the block scale) and f32 FMAs, 8 independent
 //                 accumulators each, no memory traffic: the compute roofline
+//   vnni_issue_GMACps  (AVX512-VNNI) vpdpbusd alone, 16 independent chains:
+//                 the instruction's issue rate x 64, a ceiling above
+//                 int8_peak that no kernel reaches (a block also needs its
+//                 convert, scale, FMA and loads; the packed tiles amortize
+//                 these over 16 rows, so they exceed int8_peak)
 // Counters:
 //   weights_GBps  weight bytes streamed per second
 //   roofline      weight bytes/s divided by read_bw with the same thread count
@@ -22,6 +27,7 @@
 //                 the share of what either limit allows
 //   of_compute_peak (prefill, 1 thread) multiply-adds per CPU-second over
 //                 int8_peak (quantized types) or fma_peak (F32/F16/BF16)
+//   of_vnni_issue (prefill, 1 thread, quantized) the same over vnni_issue_GMACps
 //   vs_llama_style (Q8_0) our time / a llama.cpp-style q8_0 x q8_0 kernel's
 //                 (one row at a time, int8 sign trick, f16 activation scales),
 //                 re-implemented here with AVX2 intrinsics, on the same data
@@ -119,6 +125,7 @@ struct Baselines {
   double compute_scaling = 0;     // 2-thread speedup of an embarrassingly parallel FMA loop
   double int8_peak = 0;           // int8 MACs per CPU-second (0: no AVX2 probe here)
   double int8_vnni_peak = 0;      // the same with AVX512-VNNI (0: not on this CPU)
+  double vnni_issue_peak = 0;     // vpdpbusd alone: its issue rate x 64 MACs (0: no VNNI)
   double fma_peak = 0;            // f32 MACs per CPU-second (0: no AVX2 probe here)
 };
 
@@ -176,6 +183,40 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) float Int8VnniL
                     _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))));
 }
 #undef MESHNET_INT8_DOT
+
+// vpdpbusd alone, 16 independent accumulators (Zen 5: 4-cycle latency, 2 per
+// cycle): the instruction's issue rate, a ceiling no kernel reaches (each
+// block also needs its convert, scale and FMA, and its loads).
+#define MESHNET_DPBUSD(A) "vpdpbusd %[x], %[w], %[" A "]\n\t"
+#define MESHNET_DPBUSD8 \
+  MESHNET_DPBUSD("a0")  \
+  MESHNET_DPBUSD("a1")  \
+  MESHNET_DPBUSD("a2")  \
+  MESHNET_DPBUSD("a3")  \
+  MESHNET_DPBUSD("a4") MESHNET_DPBUSD("a5") MESHNET_DPBUSD("a6") MESHNET_DPBUSD("a7")
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) int Int8VnniIssueLoop(int64_t n) {
+  __m512i a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+  __m512i b0{}, b1{}, b2{}, b3{}, b4{}, b5{}, b6{}, b7{};
+  const __m512i w = _mm512_set1_epi8(5), x = _mm512_set1_epi8(3);
+  for (int64_t k = 0; k < n; ++k) {  // two asm blocks: at most 30 operands each
+    __asm__ volatile(MESHNET_DPBUSD8
+                     : [a0] "+v"(a0), [a1] "+v"(a1), [a2] "+v"(a2), [a3] "+v"(a3), [a4] "+v"(a4),
+                       [a5] "+v"(a5), [a6] "+v"(a6), [a7] "+v"(a7)
+                     : [w] "v"(w), [x] "v"(x));
+    __asm__ volatile(MESHNET_DPBUSD8
+                     : [a0] "+v"(b0), [a1] "+v"(b1), [a2] "+v"(b2), [a3] "+v"(b3), [a4] "+v"(b4),
+                       [a5] "+v"(b5), [a6] "+v"(b6), [a7] "+v"(b7)
+                     : [w] "v"(w), [x] "v"(x));
+  }
+  const __m512i s = _mm512_add_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                       _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(b0, b1), _mm512_add_epi32(b2, b3)),
+                       _mm512_add_epi32(_mm512_add_epi32(b4, b5), _mm512_add_epi32(b6, b7))));
+  return _mm512_reduce_add_epi32(s);
+}
+#undef MESHNET_DPBUSD8
+#undef MESHNET_DPBUSD
 
 #define MESHNET_FMA(A) "vfmadd231ps %[s], %[w], %[" A "]\n\t"
 __attribute__((target("avx2,fma"), noinline)) float FmaLoop(int64_t n) {
@@ -290,6 +331,8 @@ const Baselines& GetBaselines() {
       const double macs = 8.0 * 64.0 * static_cast<double>(kRounds);
       out.int8_vnni_peak = macs / TimeBestCpu(3, [&] { sink = sink + Int8VnniLoop(kRounds); });
       out.int8_peak = std::max(out.int8_peak, out.int8_vnni_peak);
+      out.vnni_issue_peak = 16.0 * 64.0 * static_cast<double>(kRounds) /
+                            TimeBestCpu(3, [&] { sink = sink + Int8VnniIssueLoop(kRounds); });
     }
 #endif
     return out;
@@ -307,6 +350,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["read_vs_memcpy"] = b.read_bw[1] / b.memcpy_bw;
   state.counters["compute_scaling_2t"] = b.compute_scaling;
   if (b.int8_vnni_peak > 0) state.counters["int8_vnni_GMACps"] = b.int8_vnni_peak / 1e9;
+  if (b.vnni_issue_peak > 0) state.counters["vnni_issue_GMACps"] = b.vnni_issue_peak / 1e9;
   if (b.int8_peak > 0) {
     state.counters["int8_peak_GMACps"] = b.int8_peak / 1e9;
     state.counters["fma_peak_GMACps"] = b.fma_peak / 1e9;
@@ -570,6 +614,10 @@ void BM_Prefill(benchmark::State& state) {
   if (threads == 1 && peak > 0) {
     state.counters["of_compute_peak"] =
         static_cast<double>(rows * cols * n_tokens) / batched_s / peak;
+  }
+  if (threads == 1 && !IsFloatType(type) && GetBaselines().vnni_issue_peak > 0) {
+    state.counters["of_vnni_issue"] =
+        static_cast<double>(rows * cols * n_tokens) / batched_s / GetBaselines().vnni_issue_peak;
   }
 }
 
