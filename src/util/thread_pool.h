@@ -22,10 +22,10 @@
 //   CPU and, while it lives, worker i runs on CPU i + 1 (pinned when it joins
 //   a job, unpinned at the first job after). Left to the scheduler, a worker
 //   woken from sleep was often placed on the caller's CPU (wake-affine) while
-//   the other stayed idle, and a whole forward pass ran on one CPU:
-//   multi_session_bench measured 10-35% of the batch cycles' wall time at ~1
-//   CPU (16 sessions, 2 vCPUs), none with the threads pinned. A smaller pool
-//   (e.g. several nodes sharing a machine) leaves placement to the scheduler.
+//   the other stayed idle, and a whole forward pass ran on one CPU (16
+//   sessions on 2 vCPUs: 10-35% of the batch cycles' wall time at ~1 CPU,
+//   0-7% with the threads placed). Any other pool size (e.g. several
+//   single-thread nodes sharing a machine) leaves placement to the scheduler.
 #pragma once
 
 #include <sched.h>
@@ -39,6 +39,10 @@
 #include <vector>
 
 namespace meshnet {
+
+// The CPUs this process may run on (its affinity mask), in increasing order;
+// empty if the mask cannot be read.
+std::vector<int> AllowedCpus();
 
 class ThreadPool {
  public:
@@ -54,9 +58,9 @@ class ThreadPool {
   // While alive, the constructing thread runs only on the CPU the workers
   // leave free (its previous affinity is restored at destruction), and the
   // workers on theirs. Does nothing if the pool does not place its threads
-  // (fewer threads than CPUs) or another PinnedCaller
-  // of the pool is alive (concurrent callers run inline or take turns, and
-  // two of them on one CPU would be worse than none pinned). Not movable.
+  // (its size is not the number of allowed CPUs) or another PinnedCaller of
+  // the pool is alive (concurrent callers run inline or take turns, and two
+  // of them on one CPU would be worse than none pinned). Not movable.
   class PinnedCaller {
    public:
     explicit PinnedCaller(ThreadPool* pool);

@@ -182,22 +182,23 @@ TEST(ThreadPool, ManyQuickJobsThenDestroy) {
 
 // ---- placement (PinnedCaller) ----
 
-std::vector<int> AllowedCpuList() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-
 cpu_set_t CurrentMask() {
   cpu_set_t set;
   CPU_ZERO(&set);
   EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
   return set;
+}
+
+TEST(ThreadPoolPlacement, AllowedCpusListsTheAffinityMask) {
+  const std::vector<int> cpus = AllowedCpus();
+  cpu_set_t mask = CurrentMask();
+  ASSERT_EQ(static_cast<int>(cpus.size()), CPU_COUNT(&mask));
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    EXPECT_TRUE(CPU_ISSET(cpus[i], &mask)) << cpus[i];
+    if (i > 0) {
+      EXPECT_LT(cpus[i - 1], cpus[i]);
+    }
+  }
 }
 
 struct Seen {
@@ -231,7 +232,7 @@ std::vector<Seen> RunOnEveryThread(ThreadPool& pool) {
 }
 
 TEST(ThreadPoolPlacement, PinnedCallerPutsCallerAndWorkersOnCpusOfTheirOwn) {
-  const std::vector<int> cpus = AllowedCpuList();
+  const std::vector<int> cpus = AllowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs";
   ThreadPool pool(static_cast<int>(cpus.size()));
   ASSERT_EQ(pool.pinned_cpus(), cpus);
@@ -258,7 +259,7 @@ TEST(ThreadPoolPlacement, PinnedCallerPutsCallerAndWorkersOnCpusOfTheirOwn) {
 }
 
 TEST(ThreadPoolPlacement, OnePinnedCallerAtATime) {
-  const std::vector<int> cpus = AllowedCpuList();
+  const std::vector<int> cpus = AllowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs";
   ThreadPool pool(static_cast<int>(cpus.size()));
   {
@@ -278,7 +279,7 @@ TEST(ThreadPoolPlacement, OnePinnedCallerAtATime) {
 }
 
 TEST(ThreadPoolPlacement, PoolsNotMatchingTheCpusLeavePlacementToTheScheduler) {
-  const std::vector<int> cpus = AllowedCpuList();
+  const std::vector<int> cpus = AllowedCpus();
   const ThreadPool::PinnedCaller none(nullptr);
   EXPECT_FALSE(none.pinned());
   for (int threads : {static_cast<int>(cpus.size()) - 1, static_cast<int>(cpus.size()) + 1}) {
