@@ -133,11 +133,7 @@ void MatMulGgml(const WeightMatrix& w, const float* x, int64_t n_tokens, float* 
         y[t * w.rows + r] = v;
       }
     };
-    if (pool != nullptr) {
-      pool->ParallelFor(w.rows, rows, 16);
-    } else {
-      rows(0, w.rows);
-    }
+    ParallelForOrInline(pool, w.rows, rows, 16);
   }
 }
 

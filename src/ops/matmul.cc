@@ -30,15 +30,6 @@ uint8_t* AlignUp(void* p) {
 
 size_t RoundUp(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 
-template <class Fn>
-void ForRows(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_chunk) {
-  if (pool != nullptr) {
-    pool->ParallelFor(n, fn, min_chunk);
-  } else {
-    fn(0, n);
-  }
-}
-
 }  // namespace
 
 ActFormat ActFormatFor(GgmlType type) {
@@ -335,7 +326,7 @@ void MatMulFloatParts(const Parts& p, const float* x, int64_t n_tokens, void* sc
     xa = xr;
     round_acts = false;
   }
-  ForRows(
+  ParallelForOrInline(
       pool, p.first[p.n],
       [&](int64_t u0, int64_t u1) {
         ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {
@@ -401,7 +392,7 @@ void MatMulQuantParts(const Parts& p, const float* x, int64_t n_tokens, void* sc
       QuantizeInto(w0.type, x, n_tokens, w0.cols, unsigned_too, scratch, pool);
   // Units: groups of 16 packed rows (a decode chunk of two streams enough),
   // or of kRowGroup rows.
-  ForRows(
+  ParallelForOrInline(
       pool, p.first[p.n],
       [&](int64_t u0, int64_t u1) {
         ForEachPart(p, u0, u1, [&](const WeightMatrix& w, float* y, int64_t g0, int64_t g1) {

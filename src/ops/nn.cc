@@ -106,11 +106,7 @@ void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedK
   a.out = out;
   const auto run = cfg.ggml_f16 ? internal::AttentionItemsGgmlF16 : internal::AttentionItems;
   const int64_t items = n_tokens * kv.n_kv_heads;
-  if (pool != nullptr) {
-    pool->ParallelFor(items, [&](int64_t b, int64_t e) { run(a, b, e); });
-  } else {
-    run(a, 0, items);
-  }
+  ParallelForOrInline(pool, items, [&](int64_t b, int64_t e) { run(a, b, e); });
 }
 
 void AttentionBatch(const AttentionSeq* seqs, int64_t n_seqs, const AttentionConfig& cfg,
@@ -149,11 +145,7 @@ void AttentionBatch(const AttentionSeq* seqs, int64_t n_seqs, const AttentionCon
       base += items;
     }
   };
-  if (pool != nullptr) {
-    pool->ParallelFor(total, run);
-  } else {
-    run(0, total);
-  }
+  ParallelForOrInline(pool, total, run);
 }
 
 }  // namespace meshnet::ops

@@ -142,11 +142,7 @@ void LlamaShard::PackMatrices() {
     }
   };
   const auto n = static_cast<int64_t>(jobs.size());
-  if (pool_ != nullptr) {
-    pool_->ParallelFor(n, pack);
-  } else {
-    pack(0, n);
-  }
+  ParallelForOrInline(pool_, n, pack);
 }
 
 ops::WeightMatrix LlamaShard::Matrix(const model::MatrixView& m) const {
@@ -244,12 +240,7 @@ void LlamaShard::Attend(Workspace& ws, const model::LayerWeights& lw,
   auto rotate_and_store = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) RotateAndStore(ws, static_cast<size_t>(i));
   };
-  const auto n_slices = static_cast<int64_t>(slices.size());
-  if (pool_ != nullptr && n_slices > 1) {
-    pool_->ParallelFor(n_slices, rotate_and_store);
-  } else {
-    rotate_and_store(0, n_slices);
-  }
+  ParallelForOrInline(pool_, static_cast<int64_t>(slices.size()), rotate_and_store);
   ops::AttentionConfig attn{hp.n_heads, hp.head_dim, 0.0f};
   attn.ggml_f16 = ggml_parity_;
   ops::AttentionBatch(ws.seqs.data(), static_cast<int64_t>(slices.size()), attn, pool_);
@@ -291,11 +282,7 @@ void LlamaShard::SwiGluRows(Workspace& ws, int64_t n) const {
       ops::SwiGlu(ws.gate.data() + r * ff, ws.up.data() + r * ff, ff, ws.gate.data() + r * ff);
     }
   };
-  if (pool_ != nullptr && n > 1) {
-    pool_->ParallelFor(n, rows);
-  } else {
-    rows(0, n);
-  }
+  ParallelForOrInline(pool_, n, rows);
 }
 
 ops::RopeConfig LlamaShard::RopeCfg() const {

@@ -127,4 +127,15 @@ class ThreadPool {
   std::condition_variable done_cv_;
 };
 
+// pool->ParallelFor(n, fn, min_chunk), or fn(0, n) on the caller when pool is
+// null (single-threaded callers).
+template <class Fn>
+void ParallelForOrInline(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_chunk = 1) {
+  if (pool != nullptr) {
+    pool->ParallelFor(n, fn, min_chunk);
+  } else {
+    fn(0, n);
+  }
+}
+
 }  // namespace meshnet
