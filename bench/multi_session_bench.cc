@@ -30,6 +30,7 @@
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
 // inproc_nobatch and 3node_nobatch run with the nodes' batching off,
+// 3node_single without the client's step grouping,
 // <route>_kvf32 with --kv-dtype float32, and
 // <route>_chunkN with --prefill-chunk N, <route>_shareX with --prefill-share X; Ratios then adds
 // <route>_16_batch_gain)
@@ -154,6 +155,8 @@ using bench::SelfCpuSeconds;
 // A route for one model: the in-process node or three serve processes;
 // "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),
 // "<route>_kvf32" keeps their KV cache in float32 (default float16),
+// "3node_single" has the client send every step in a call of its own (no
+// StepMany grouping, ClientOptions::group_steps),
 // "<route>_chunkN" sets their --prefill-chunk to N, "<route>_shareX" their
 // --prefill-share to X.
 class Route {
@@ -210,6 +213,7 @@ class Route {
     rpc::ClientOptions co;
     co.timeout_s = 600;
     co.info_timeout_s = 30;
+    co.group_steps = route_name.find("_single") == std::string::npos;
     provider_ = rpc::MakeRemoteRouteProvider(addresses_, co);
   }
   mesh::RouteProvider& provider() { return *provider_; }

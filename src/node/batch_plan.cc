@@ -24,6 +24,9 @@ void BatchOptions::Validate() const {
   if (!(prefill_share >= 0 && prefill_share <= 16)) {
     ThrowInvalidArgument("--prefill-share must be in 0..16");
   }
+  if (!(group_wait_s >= 0 && group_wait_s <= 60)) {
+    ThrowInvalidArgument("the group wait must be in 0..60 s");
+  }
 }
 
 bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o) {

@@ -37,12 +37,15 @@ struct BatchOptions {
   // Prompts of at most this many rows (and at most prefill_chunk) run whole,
   // beside the decode steps, unbounded by prefill_share (0: none).
   int64_t short_prompt = 64;
+  // How long the next batch may wait for the announced steps of a call that
+  // are still on their way to the queue (Batcher::ExpectSteps), 0..60 s.
+  double group_wait_s = 0.005;
   static constexpr int64_t kMinPrefillRows = 1;  // the floor of that bound
   static constexpr int64_t kMaxTokens = 1 << 16;
   static constexpr int64_t kMaxSessions = 1 << 12;
   // Throws kInvalidArgument naming the flag for a value out of range
   // (each 1..kMax*; prefill_chunk 1..kMaxTokens; short_prompt 0..kMaxTokens;
-  // prefill_share 0..16).
+  // prefill_share 0..16, group_wait_s 0..60).
   void Validate() const;
 };
 

@@ -61,14 +61,57 @@ void Batcher::PushLocked(Item* item) {
   ++pending_;
 }
 
+namespace {
+thread_local Batcher::Arrival* current_arrival = nullptr;
+}  // namespace
+
+Batcher::Arrival::Arrival(Batcher* batcher) : batcher_(batcher), outer_(current_arrival) {
+  current_arrival = this;
+}
+
+Batcher::Arrival::~Arrival() {
+  current_arrival = outer_;
+  if (counted_) return;
+  MutexLock lock(&batcher_->mu_);
+  batcher_->ArrivedLocked();
+}
+
+void Batcher::ExpectSteps(int64_t n) {
+  if (n <= 0) return;
+  MutexLock lock(&mu_);
+  arriving_ += n;
+  arriving_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(options_.group_wait_s));
+}
+
+void Batcher::ArrivedLocked() {
+  if (arriving_ > 0 && --arriving_ == 0) queued_.SignalAll();
+}
+
+void Batcher::CountArrivalLocked() {
+  for (Arrival* a = current_arrival; a != nullptr; a = a->outer_) {
+    if (a->batcher_ != this || a->counted_) continue;
+    a->counted_ = true;
+    ArrivedLocked();
+    return;
+  }
+}
+
 void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
   Item self(&mu_);
   self.step = step;
   self.session_id = session_id;
   self.cancel = shard::CurrentStepCancel();
-  if (options_.max_batch_sessions == 1) return RunAlone(self);
+  if (options_.max_batch_sessions == 1) {
+    {
+      MutexLock lock(&mu_);
+      CountArrivalLocked();
+    }
+    return RunAlone(self);
+  }
   {
     MutexLock lock(&mu_);
+    CountArrivalLocked();
     PushLocked(&self);
     NoteReturnLocked(self);
     queued_.SignalAll();
@@ -231,6 +274,11 @@ void Batcher::RegroupLocked() {
   const double until_last = WaitUntilLocked(last, cohorts_.return_lag_s(), false);
   const double until_oldest =
       oldest == last ? 0 : WaitUntilLocked(oldest, cohorts_.spread_s(), true);
+  // The announced steps of a call that are still on their way.
+  while (!held_ && arriving_ > 0 && pending_ < options_.max_batch_sessions &&
+         Clock::now() < arriving_until_) {
+    queued_.WaitUntil(arriving_until_);
+  }
   while (!held_ && pending_ < options_.max_batch_sessions) {
     const double now = Seconds(Clock::now());
     const bool for_last = now < until_last && !AllBackLocked(last);

@@ -108,6 +108,27 @@ class Batcher {
   // the calling thread's step is cancelled before its last rows ran.
   void Run(shard::PendingStep* step, std::string_view session_id) EXCLUDES(mu_);
 
+  // Steps that come together (a StepMany call, rpc/server.cc): the caller
+  // announces `n` of them, then runs each on a thread that holds an Arrival
+  // for it. Until every announced step has reached the queue (its Run) or
+  // ended without one (a miss, an error, a replayed answer), and for at most
+  // BatchOptions::group_wait_s, the next batch waits for them, so the steps of
+  // one call are computed in one batch, not one by one as their threads wake.
+  void ExpectSteps(int64_t n) EXCLUDES(mu_);
+  class Arrival {
+   public:
+    explicit Arrival(Batcher* batcher);
+    ~Arrival();  // counts the step in if its Run did not
+    Arrival(const Arrival&) = delete;
+    Arrival& operator=(const Arrival&) = delete;
+
+   private:
+    friend class Batcher;
+    Batcher* batcher_;
+    bool counted_ = false;
+    Arrival* outer_;
+  };
+
   // Test hooks: Hold() keeps new batches from starting (steps queue up) until
   // Resume(); WaitPending(n) blocks until at least n steps are queued.
   void Hold() EXCLUDES(mu_);
@@ -184,6 +205,12 @@ class Batcher {
   // from its batch's end.
   double WaitUntilLocked(int64_t number, double lag_s, bool cohort) REQUIRES(mu_);
   bool AllBackLocked(int64_t number) const REQUIRES(mu_);
+  // Announced steps (ExpectSteps) not arrived yet, and until when to wait.
+  int64_t arriving_ GUARDED_BY(mu_) = 0;
+  Clock::time_point arriving_until_ GUARDED_BY(mu_){};
+  // This thread's Arrival for this batcher, if any: counted in (mu_ held).
+  void CountArrivalLocked() REQUIRES(mu_);
+  void ArrivedLocked() REQUIRES(mu_);
   // `item` was queued: counts it back in its cohort (Item::cohort).
   void NoteReturnLocked(Item& item) REQUIRES(mu_);
 };

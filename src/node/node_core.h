@@ -86,6 +86,9 @@ struct NodeCounters {
   std::atomic<int64_t> kv_bytes_reserved_peak{0};
   // Positions run by prefill steps (a re-prefill shows here).
   std::atomic<int64_t> prefill_tokens{0};
+  // StepMany calls (several sessions' steps in one call) and their steps.
+  std::atomic<int64_t> grouped_calls{0};
+  std::atomic<int64_t> grouped_steps{0};
   // Migration (node/migration.h).
   std::atomic<int64_t> sessions_exported{0};       // exports read to the end
   std::atomic<int64_t> sessions_imported{0};       // imports verified and loaded

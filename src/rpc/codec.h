@@ -24,6 +24,8 @@ namespace pb = ::meshnet::v1;
 inline constexpr uint32_t kProtocolVersion = 1;
 // gRPC's send/receive limit on both ends (bundles of long prompts are large).
 inline constexpr int kMaxMessageBytes = 1 << 30;
+// Steps in one StepMany call.
+inline constexpr int kMaxStepsPerCall = 64;
 
 pb::Dtype ToWireDtype(KvDtype t);
 // DTYPE_F32/F16/BF16; kInvalidArgument for anything else (unspecified, unknown).

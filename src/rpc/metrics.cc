@@ -130,6 +130,10 @@ void AddMigrationCounters(std::vector<MetricFamily>& out, const node::NodeCounte
                           bool draining) {
   AddCounter(out, "meshnet_prefill_tokens_total", "Positions run by prefill steps",
              c.prefill_tokens);
+  AddCounter(out, "meshnet_grouped_calls_total",
+             "StepMany calls: steps of several sessions in one call", c.grouped_calls);
+  AddCounter(out, "meshnet_grouped_steps_total", "Steps that came in StepMany calls",
+             c.grouped_steps);
   AddCounter(out, "meshnet_sessions_exported_total", "Sessions exported to their owner",
              c.sessions_exported);
   AddCounter(out, "meshnet_sessions_imported_total",

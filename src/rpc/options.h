@@ -28,6 +28,10 @@ struct ClientOptions {
   int step_retries = 1;                // re-sends of a step (same step id) on UNAVAILABLE
   KvDtype wire_dtype = KvDtype::kF32;  // dtype of bundles on the wire (f32 is exact)
   bool want_logits = false;            // ask the tail for the full logits row
+  // Steps of several sessions waiting for the same node at the same time
+  // (one client driving many sessions) go out as one StepMany call, one call
+  // in flight per node: see RemoteEndpoint::Step (rpc/remote.h).
+  bool group_steps = true;
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;

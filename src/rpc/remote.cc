@@ -7,6 +7,8 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <deque>
+#include <exception>
 #include <future>
 #include <optional>
 #include <set>
@@ -60,6 +62,30 @@ struct RemoteEndpoint::Impl {
     ctx.set_wait_for_ready(wait_for_ready);
     if (!bearer.empty()) ctx.AddMetadata("authorization", bearer);
   }
+
+  // One unary Step call (with its retries); kUnavailable for a malformed answer.
+  mesh::StepResult StepAlone(const pb::StepRequest& req, int64_t route_epoch, uint64_t step_id);
+
+  // --- Grouping (see RemoteEndpoint::Step) ---------------------------------
+  struct Waiter;
+  // At most this many steps per StepMany: the nodes' default concurrent calls
+  // per peer (each grouped step takes one).
+  static constexpr size_t kMaxGroupedSteps = 32;
+  // The leader takes the queue's first steps (its own first) as the batch
+  // of the one call in flight.
+  void TakeBatchLocked(std::vector<Waiter*>* batch) REQUIRES(group_mu);
+  // One StepMany call over `batch`, with retries: each waiter's outcome, its
+  // error (the call failed as a whole), or `alone` (the node refused the call:
+  // send the step by itself).
+  void SendMany(const std::vector<Waiter*>& batch);
+  // The call is over: wakes its waiters and the next leader.
+  void FinishBatch(const std::vector<Waiter*>& batch) EXCLUDES(group_mu);
+  // A waiter's outcome as Step's result or error.
+  mesh::StepResult OutcomeResult(const pb::StepOutcome& o, int64_t route_epoch) const;
+  Mutex group_mu;
+  std::deque<Waiter*> group_queue GUARDED_BY(group_mu);
+  bool group_sending GUARDED_BY(group_mu) = false;
+  std::atomic<bool> node_groups{true};  // false once the node answered UNIMPLEMENTED
 };
 
 RemoteEndpoint::RemoteEndpoint(std::string address, const ClientOptions& options)
@@ -101,31 +127,245 @@ NodeInfo RemoteEndpoint::InfoFull() {
   return DecodeClientInfo(resp);
 }
 
-mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
-  const ClientOptions& o = impl_->options;
-  pb::StepRequest req;
-  EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits, &req);
+mesh::StepResult RemoteEndpoint::Impl::StepAlone(const pb::StepRequest& req, int64_t route_epoch,
+                                                 uint64_t step_id) {
+  const ClientOptions& o = options;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
-    impl_->Prepare(ctx, o.timeout_s, /*wait_for_ready=*/false);
+    Prepare(ctx, o.timeout_s, /*wait_for_ready=*/false);
     pb::StepResponse resp;
-    const grpc::Status s = impl_->stub->Step(&ctx, req, &resp);
+    const grpc::Status s = stub->Step(&ctx, req, &resp);
     if (s.ok()) {
       try {
-        return DecodeStepResponse(resp, request.route_epoch);
+        return DecodeStepResponse(resp, route_epoch);
       } catch (const Error& e) {
         throw Error(ErrorKind::kUnavailable,
-                    impl_->address + ": Step: malformed answer from the node: " + e.what());
+                    address + ": Step: malformed answer from the node: " + e.what());
       }
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < o.step_retries &&
-        impl_->channel->WaitForConnected(After(o.connect_timeout_s))) {
-      ClientLog().debug("event=step_retry node={} step={} reason=\"{}\"", impl_->address,
-                        request.step_id, s.error_message());
+        channel->WaitForConnected(After(o.connect_timeout_s))) {
+      ClientLog().debug("event=step_retry node={} step={} reason=\"{}\"", address, step_id,
+                        s.error_message());
       continue;
     }
-    ThrowForStatus(s, ctx, impl_->address, "Step");
+    ThrowForStatus(s, ctx, address, "Step");
   }
+}
+
+// A step waiting to go out in a StepMany call. Lives on its caller's stack;
+// the leader fills it while its caller waits (all under group_mu but the
+// fields the leader writes before setting `done`).
+struct RemoteEndpoint::Impl::Waiter {
+  explicit Waiter(Mutex* mu) : wake(mu) {}
+  const pb::StepRequest* req = nullptr;
+  bool done = false;
+  bool alone = false;          // the group call was refused: send it on its own
+  pb::StepOutcome outcome;     // the node's answer for this step
+  std::optional<Error> error;  // the call failed as a whole
+  CondVar wake;                // done, or this waiter is the queue's front
+};
+
+void RemoteEndpoint::Impl::SendMany(const std::vector<Waiter*>& batch) {
+  pb::StepManyRequest req;
+  for (const Waiter* w : batch) *req.add_steps() = *w->req;
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    Prepare(ctx, options.timeout_s, /*wait_for_ready=*/false);
+    pb::StepManyResponse resp;
+    const grpc::Status s = stub->StepMany(&ctx, req, &resp);
+    if (s.ok() && resp.outcomes_size() == static_cast<int>(batch.size())) {
+      for (size_t i = 0; i < batch.size(); ++i) {
+        batch[i]->outcome.Swap(resp.mutable_outcomes(static_cast<int>(i)));
+      }
+      return;
+    }
+    if (s.ok()) {
+      for (Waiter* w : batch) {
+        w->error.emplace(ErrorKind::kUnavailable,
+                         address + ": StepMany: malformed answer from the node: " +
+                             std::to_string(resp.outcomes_size()) + " outcomes for " +
+                             std::to_string(batch.size()) + " steps");
+      }
+      return;
+    }
+    const grpc::StatusCode code = s.error_code();
+    if (code == grpc::StatusCode::UNAVAILABLE && attempt < options.step_retries &&
+        channel->WaitForConnected(After(options.connect_timeout_s))) {
+      continue;  // same step ids: the node answers repeats from its idempotency cache
+    }
+    if (code == grpc::StatusCode::UNIMPLEMENTED) node_groups.store(false);
+    const bool transport =
+        code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNAUTHENTICATED ||
+        code == grpc::StatusCode::PERMISSION_DENIED;
+    for (Waiter* w : batch) {
+      if (!transport) {
+        w->alone = true;  // an older node, a message limit...: each step on its own
+        continue;
+      }
+      try {
+        ThrowForStatus(s, ctx, address, "StepMany");
+      } catch (const Error& e) {
+        w->error.emplace(e.kind(), e.what());
+      }
+    }
+    return;
+  }
+}
+
+mesh::StepResult RemoteEndpoint::Impl::OutcomeResult(const pb::StepOutcome& o,
+                                                     int64_t route_epoch) const {
+  if (o.code() != 0) {
+    std::optional<std::string_view> kind;
+    if (!o.kind().empty()) kind = o.kind();
+    throw Error(ErrorKindFor(static_cast<grpc::StatusCode>(o.code()), kind),
+                address + ": Step: " + o.message());
+  }
+  try {
+    return DecodeStepResponse(o.response(), route_epoch);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kUnavailable,
+                address + ": Step: malformed answer from the node: " + e.what());
+  }
+}
+
+namespace {
+
+// Sessions between two steps: their last step came back and their next has
+// not been sent yet. Process-wide, since they go on to whichever node is next
+// on their route. The sessions of a group call wake one after another, and
+// the first to reach the next node would go alone and split the group (a
+// session once alone would stay out of phase); so a leader about to send
+// waits, kTransitWait at most, until no session is in transit: the cohort
+// stays one call per hop and stragglers join it. A lone session never waits
+// (its own mark is cleared when it sends).
+class Transit {
+ public:
+  static constexpr double kTransitWait = 0.002;
+
+  static Transit& Get() {
+    static Transit t;
+    return t;
+  }
+  // This thread's session got its answer (mark) / sends its next step or
+  // ends (clear). A thread that exits marked is cleared by its Mark's
+  // destructor.
+  void Mark() {
+    if (mark_.on) return;
+    mark_.on = true;
+    MutexLock lock(&mu_);
+    ++n_;
+  }
+  void Clear() {
+    if (!mark_.on) return;
+    mark_.on = false;
+    MutexLock lock(&mu_);
+    if (--n_ == 0) zero_.SignalAll();
+  }
+  // Until nobody is in transit, at most kTransitWait.
+  void Wait() {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(kTransitWait));
+    MutexLock lock(&mu_);
+    while (n_ > 0 && zero_.WaitUntil(until)) {
+    }
+  }
+
+ private:
+  struct ThreadMark {
+    bool on = false;
+    ~ThreadMark() { Get().Clear(); }
+  };
+  Mutex mu_;
+  CondVar zero_{&mu_};
+  int64_t n_ GUARDED_BY(mu_) = 0;
+  static thread_local ThreadMark mark_;
+};
+
+thread_local Transit::ThreadMark Transit::mark_;
+
+// A step of one row (a decode step) with no logits row asked for: small on
+// the wire whatever the model (32 of them are smaller than one full-context
+// step, the node's message limit), so it may go out in a group.
+bool Groupable(const mesh::StepRequest& r, const ClientOptions& o) {
+  if (!o.group_steps || o.want_logits) return false;
+  return r.bundle ? r.bundle->n_tokens == 1 : r.token_ids.size() == 1;
+}
+
+}  // namespace
+
+mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
+  Impl& m = *impl_;
+  const ClientOptions& o = m.options;
+  pb::StepRequest req;
+  const bool groupable = Groupable(request, o) && m.node_groups.load();
+  EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits, &req);
+  Transit::Get().Clear();
+  // However it ends, this session's next step follows soon (or Release).
+  struct MarkOnReturn {
+    ~MarkOnReturn() { Transit::Get().Mark(); }
+  } mark;
+  if (!groupable) return m.StepAlone(req, request.route_epoch, request.step_id);
+  Impl::Waiter self(&m.group_mu);
+  self.req = &req;
+  std::vector<Impl::Waiter*> batch;
+  bool lead = false;
+  {
+    MutexLock lock(&m.group_mu);
+    m.group_queue.push_back(&self);
+    while (!self.done && (m.group_sending || m.group_queue.front() != &self)) self.wake.Wait();
+    lead = !self.done;
+    if (lead) m.group_sending = true;  // the others queue while the leader waits
+  }
+  if (lead) {
+    Transit::Get().Wait();
+    MutexLock lock(&m.group_mu);
+    m.TakeBatchLocked(&batch);
+  }
+  if (!batch.empty()) {  // this thread leads: one call for the batch
+    std::optional<mesh::StepResult> result;
+    std::exception_ptr error;
+    if (batch.size() > 1) {
+      m.SendMany(batch);
+    } else {
+      try {
+        result = m.StepAlone(req, request.route_epoch, request.step_id);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    m.FinishBatch(batch);
+    if (error) std::rethrow_exception(error);
+    if (result) return std::move(*result);
+  }
+  if (self.alone) return m.StepAlone(req, request.route_epoch, request.step_id);
+  if (self.error) throw *self.error;
+  return m.OutcomeResult(self.outcome, request.route_epoch);
+}
+
+int64_t RemoteEndpoint::steps_waiting() const {
+  MutexLock lock(&impl_->group_mu);
+  return static_cast<int64_t>(impl_->group_queue.size());
+}
+
+void RemoteEndpoint::Impl::TakeBatchLocked(std::vector<Waiter*>* batch) {
+  group_sending = true;
+  while (!group_queue.empty() && batch->size() < kMaxGroupedSteps) {
+    batch->push_back(group_queue.front());
+    group_queue.pop_front();
+  }
+}
+
+void RemoteEndpoint::Impl::FinishBatch(const std::vector<Waiter*>& batch) {
+  MutexLock lock(&group_mu);
+  group_sending = false;
+  for (Waiter* w : batch) {
+    w->done = true;
+    w->wake.Signal();
+  }
+  if (!group_queue.empty()) group_queue.front()->wake.Signal();  // it leads next
 }
 
 namespace {
@@ -204,6 +444,7 @@ bool RemoteEndpoint::ReleaseOrThrow(const std::string& session_id,
 
 void RemoteEndpoint::Release(const std::string& session_id, const std::string& session_secret,
                              int64_t route_epoch) {
+  Transit::Get().Clear();  // the session ends (or re-plans): no next step is coming here
   try {
     ReleaseOrThrow(session_id, session_secret, route_epoch);
   } catch (const Error& e) {

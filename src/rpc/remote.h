@@ -6,6 +6,15 @@
 //   auto provider = rpc::MakeRemoteRouteProvider({"127.0.0.1:7001", ...}, opts);
 //   mesh::Generate(*provider, prompt_ids, gen_options);
 //
+// Steps of many sessions (mesh::MultiSessionDriver, the gateway) are grouped:
+// one call in flight per node, and the decode steps (one row, no logits row)
+// that came while it was out go together as the next call (StepMany), so a
+// node gets its batch in one message, not one call per session (the gRPC work
+// and wake-ups of a call are paid once per batch). A lone step goes out at
+// once as a unary Step; a node that does not know StepMany
+// (UNIMPLEMENTED) or refuses the group gets each step on its own. Outcomes stay
+// per step: one session's miss or error is its own.
+//
 // RemoteEndpoint::Step sends one unary call with a deadline. UNAVAILABLE is
 // retried (same step id; the node answers a retry from its idempotency cache)
 // after waiting up to connect_timeout for the connection; UNAVAILABLE,
@@ -74,6 +83,8 @@ class RemoteEndpoint final : public mesh::ShardEndpoint {
   // A stream for many steps; its deadline is `timeout_s` per step times
   // `max_steps`.
   std::unique_ptr<StepStreamClient> OpenStepStream(int max_steps);
+  // Steps queued for this node's next group call (for tests).
+  int64_t steps_waiting() const;
   // Release that reports failures (for tests and tools): true if state was held.
   bool ReleaseOrThrow(const std::string& session_id, const std::string& session_secret,
                       int64_t route_epoch);

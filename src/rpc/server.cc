@@ -33,6 +33,7 @@
 #include "rpc/status.h"
 #include "shard/step_cancel.h"
 #include "util/error.h"
+#include "util/fanout.h"
 #include "util/mutex.h"
 #include "util/secret.h"
 
@@ -104,6 +105,15 @@ class PeerLimits {
   std::unordered_map<std::string, int> calls_;  // GUARDED_BY(mu_)
 };
 
+// A StepMany step that failed: its status, as its own Step call's.
+void SetOutcomeError(grpc::StatusCode code, std::string_view kind, const char* message,
+                     pb::StepOutcome* o) {
+  o->clear_response();
+  o->set_code(code);
+  o->set_kind(std::string(kind));
+  o->set_message(message);
+}
+
 class MeshNodeService final : public pb::MeshNode::Service {
  public:
   MeshNodeService(NodeService* core, const NodeServerOptions& o)
@@ -111,7 +121,8 @@ class MeshNodeService final : public pb::MeshNode::Service {
         token_digest_(o.auth_token.empty() ? "" : SecretDigest(BearerValue(o.auth_token))),
         peers_(o.max_calls_per_peer),
         session_rate_(o.max_new_sessions_per_minute),
-        max_streams_(o.max_streams) {}
+        max_streams_(o.max_streams),
+        fanout_(o.max_rpc_threads) {}
 
   grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
                     pb::InfoResponse* out) override {
@@ -121,6 +132,44 @@ class MeshNodeService final : public pb::MeshNode::Service {
   grpc::Status Step(grpc::ServerContext* ctx, const pb::StepRequest* req,
                     pb::StepResponse* out) override {
     return Run(ctx, [&] { LimitedStep(ctx, *req, out); });
+  }
+
+  // Each step as its own Step call would run (auth checked once, each step
+  // under its own per-peer slot and cancel check), all at once on the fanout's
+  // threads so that the batcher sees them together.
+  grpc::Status StepMany(grpc::ServerContext* ctx, const pb::StepManyRequest* req,
+                        pb::StepManyResponse* out) override {
+    if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+    const int n = req->steps_size();
+    if (n < 1 || n > kMaxStepsPerCall) {
+      return ToStatus(Error(ErrorKind::kInvalidArgument, "StepMany takes 1.." +
+                                                             std::to_string(kMaxStepsPerCall) +
+                                                             " steps, got " + std::to_string(n)),
+                      ctx);
+    }
+    node::NodeCounters& counters = core_->counters();
+    counters.grouped_calls.fetch_add(1, std::memory_order_relaxed);
+    counters.grouped_steps.fetch_add(n, std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) out->add_outcomes();
+    node::Batcher& batcher = core_->core().node().batcher();
+    batcher.ExpectSteps(n);
+    fanout_.Run(n, [&](int64_t i) {
+      pb::StepOutcome& o = *out->mutable_outcomes(static_cast<int>(i));
+      const node::Batcher::Arrival arrival(&batcher);
+      try {
+        LimitedStep(ctx, req->steps(static_cast<int>(i)), o.mutable_response());
+      } catch (const Error& e) {
+        // What the step's own call would end with (ToStatus and its trailer);
+        // not on ctx, which the other steps share.
+        spdlog::debug("event=call_failed peer={} kind={} message=\"{}\"", ctx->peer(),
+                      ErrorKindName(e.kind()), e.what());
+        SetOutcomeError(StatusCodeFor(e.kind()), ErrorKindName(e.kind()), e.what(), &o);
+      } catch (const std::exception& e) {
+        spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx->peer(), e.what());
+        SetOutcomeError(grpc::StatusCode::INTERNAL, "", e.what(), &o);
+      }
+    });
+    return grpc::Status::OK;
   }
 
   grpc::Status StepStream(
@@ -260,6 +309,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
   const int max_streams_;
   std::atomic<int> open_streams_{0};
   std::atomic<int64_t> in_flight_{0};  // steps running (the registry's load signal)
+  util::Fanout fanout_;                // StepMany's steps, each on a thread of its own
 };
 
 // The largest message a step of this shard needs: a full-context bundle
@@ -394,6 +444,9 @@ std::string NodeServer::metrics_address() const { return impl_->metrics_bound; }
 std::string NodeServer::instance_id() const { return impl_->node_service.core().instance_id(); }
 node::NodeInfo NodeServer::Info() const { return impl_->node_service.core().Info(); }
 int64_t NodeServer::steps_in_flight() const { return impl_->service.in_flight(); }
+const node::NodeCounters& NodeServer::counters() const {
+  return impl_->node_service.core().counters();
+}
 int64_t NodeServer::max_sessions() const {
   return impl_->node_service.core().manager().config().max_sessions;
 }

@@ -60,6 +60,7 @@ class NodeServer {
   node::NodeInfo Info() const;
   // Steps running now, and the KV manager's session cap.
   int64_t steps_in_flight() const;
+  const node::NodeCounters& counters() const;
   int64_t max_sessions() const;
   // Stops accepting calls and waits up to `grace_seconds` for in-flight calls,
   // then cancels the rest. Idempotent.

@@ -1,0 +1,233 @@
+// StepMany: the steps of several sessions in one call. On the node: each
+// step gets its own outcome (one step's error is its own) and the steps of
+// a call are computed in one batch. On the client: decode steps that wait for
+// a node while a call to it is out go as one StepMany, and their answers
+// equal those of single Step calls.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "gguf/gguf_reader.h"
+#include "mesh/in_process.h"
+#include "proto/meshnet.grpc.pb.h"
+#include "rpc/codec.h"
+#include "rpc/remote.h"
+#include "rpc/server.h"
+#include "util/error.h"
+
+namespace meshnet::rpc {
+namespace {
+
+std::shared_ptr<const gguf::GgufFile> File() {
+  static auto file =
+      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
+  return file;
+}
+
+const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429};
+constexpr int kSessions = 6;
+
+std::string SessionId(int i) {
+  std::string id = "5e55100000000000000000000000000";
+  id += static_cast<char>('0' + i);
+  return id;
+}
+
+// The head (layers 0-1) of the shipped model in a node served on 127.0.0.1,
+// with float32 KV; `group_wait_s`: how long its batches wait for a call's
+// steps (long here, so that "one batch" does not depend on thread timing).
+struct Head {
+  explicit Head(double group_wait_s = 30.0) : mesh(File(), Options(group_wait_s), nullptr) {
+    mesh.node(0).batcher().SetObserver([this](const node::BatchView& v) {
+      std::lock_guard<std::mutex> lock(mu);
+      batch_sizes.push_back(static_cast<int>(v.session_ids.size()));
+    });
+    NodeServerOptions o;
+    server = std::make_unique<NodeServer>(&mesh.node(0), o);
+    server->Start();
+  }
+  static mesh::InProcessMeshOptions Options(double group_wait_s) {
+    mesh::InProcessMeshOptions o;
+    o.split = {{0, 1}, {2, 4}};
+    o.kv_dtype = KvDtype::kF32;
+    o.kv_config.max_sessions = 64;
+    o.batch.group_wait_s = group_wait_s;
+    return o;
+  }
+  std::vector<int> Batches() {
+    std::lock_guard<std::mutex> lock(mu);
+    return batch_sizes;
+  }
+  void ClearBatches() {
+    std::lock_guard<std::mutex> lock(mu);
+    batch_sizes.clear();
+  }
+
+  mesh::InProcessMesh mesh;
+  std::unique_ptr<NodeServer> server;
+  std::mutex mu;
+  std::vector<int> batch_sizes;
+};
+
+mesh::StepRequest Prefill(int i) {
+  mesh::StepRequest r;
+  r.session_id = SessionId(i);
+  r.session_secret = "secret";
+  r.step_id = 1;
+  r.prefill = true;
+  r.token_ids = kPrompt;
+  r.token_ids.push_back(300 + i);
+  return r;
+}
+
+mesh::StepRequest Decode(int i, const std::string& secret = "secret") {
+  mesh::StepRequest r;
+  r.session_id = SessionId(i);
+  r.session_secret = secret;
+  r.step_id = 2;
+  r.expected_seq_len = static_cast<int64_t>(kPrompt.size()) + 1;
+  r.token_ids = {400 + i};
+  return r;
+}
+
+pb::StepRequest Wire(const mesh::StepRequest& r) {
+  pb::StepRequest req;
+  EncodeStepRequest(r, KvDtype::kF32, KvDtype::kF32, false, &req);
+  return req;
+}
+
+// The decode answers of every session, each step in a Step call of its own
+// (a fresh node: the reference).
+std::vector<shard::BoundaryBundle> SingleAnswers() {
+  Head head;
+  RemoteEndpoint ep(head.server->bound_address(), ClientOptions{});
+  std::vector<shard::BoundaryBundle> out;
+  for (int i = 0; i < kSessions; ++i) {
+    ep.Step(Prefill(i));
+    out.push_back(std::get<shard::BoundaryBundle>(ep.Step(Decode(i))));
+  }
+  return out;
+}
+
+void ExpectNear(const shard::BoundaryBundle& got, const shard::BoundaryBundle& want, int i) {
+  ASSERT_EQ(got.n_tokens, want.n_tokens) << "session " << i;
+  ASSERT_EQ(got.positions, want.positions) << "session " << i;
+  ASSERT_EQ(got.residual.size(), want.residual.size());
+  for (size_t k = 0; k < want.residual.size(); ++k) {
+    ASSERT_NEAR(got.residual[k], want.residual[k], 1e-4 * (1 + std::fabs(want.residual[k])))
+        << "session " << i << " value " << k;
+  }
+}
+
+TEST(StepManyTest, EachStepGetsItsOwnOutcomeInOneBatch) {
+  const auto want = SingleAnswers();
+  Head head;
+  RemoteEndpoint ep(head.server->bound_address(), ClientOptions{});
+  for (int i = 0; i < kSessions; ++i) ep.Step(Prefill(i));
+  head.ClearBatches();
+
+  pb::StepManyRequest req;
+  for (int i = 0; i < kSessions; ++i) *req.add_steps() = Wire(Decode(i));
+  *req.add_steps() = Wire(Decode(7));                    // never opened: a miss
+  *req.add_steps() = Wire(Decode(0, "another secret"));  // not the opener's secret
+  mesh::StepRequest bad = Decode(8);
+  bad.token_ids = {1 << 30};  // outside the vocabulary
+  *req.add_steps() = Wire(bad);
+
+  auto stub = pb::MeshNode::NewStub(
+      grpc::CreateChannel(head.server->bound_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  pb::StepManyResponse resp;
+  ASSERT_TRUE(stub->StepMany(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.outcomes_size(), kSessions + 3);
+  for (int i = 0; i < kSessions; ++i) {
+    const pb::StepOutcome& o = resp.outcomes(i);
+    ASSERT_EQ(o.code(), 0) << o.message();
+    ExpectNear(std::get<shard::BoundaryBundle>(DecodeStepResponse(o.response(), 0)), want[i], i);
+  }
+  EXPECT_EQ(resp.outcomes(kSessions).code(), 0);
+  EXPECT_TRUE(resp.outcomes(kSessions).response().has_miss());
+  EXPECT_EQ(resp.outcomes(kSessions + 1).code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(resp.outcomes(kSessions + 1).kind(), ErrorKindName(ErrorKind::kPermissionDenied));
+  EXPECT_EQ(resp.outcomes(kSessions + 2).code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(resp.outcomes(kSessions + 2).message().empty());
+  // The six decode steps ran as one batch (the failed ones never queued).
+  EXPECT_EQ(head.Batches(), std::vector<int>{kSessions});
+}
+
+TEST(StepManyTest, RefusesEmptyAndOversizedCalls) {
+  Head head;
+  auto stub = pb::MeshNode::NewStub(
+      grpc::CreateChannel(head.server->bound_address(), grpc::InsecureChannelCredentials()));
+  for (int n : {0, kMaxStepsPerCall + 1}) {
+    pb::StepManyRequest req;
+    for (int i = 0; i < n; ++i) *req.add_steps() = Wire(Decode(i % 8));
+    grpc::ClientContext ctx;
+    pb::StepManyResponse resp;
+    const grpc::Status s = stub->StepMany(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << n;
+    EXPECT_EQ(resp.outcomes_size(), 0);
+  }
+  EXPECT_TRUE(head.Batches().empty());
+}
+
+// Steps that wait for a node while a call to it is out: one StepMany, whose
+// answers equal single calls'; with grouping off, one call each.
+void RunWaitingSteps(bool group, int64_t* grouped_calls, int64_t* grouped_steps) {
+  const auto want = SingleAnswers();
+  Head head;
+  ClientOptions co;
+  co.group_steps = group;
+  RemoteEndpoint ep(head.server->bound_address(), co);
+  for (int i = 0; i < kSessions; ++i) ep.Step(Prefill(i));
+  node::Batcher& batcher = head.mesh.node(0).batcher();
+  batcher.Hold();  // the first decode step's call stays out
+  std::vector<shard::BoundaryBundle> got(kSessions);
+  std::vector<std::thread> threads;
+  auto run = [&](int i) {
+    threads.emplace_back([&, i] {
+      try {
+        got[i] = std::get<shard::BoundaryBundle>(ep.Step(Decode(i)));
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "session " << i << ": " << e.what();
+      }
+    });
+  };
+  run(0);
+  batcher.WaitPending(1);
+  for (int i = 1; i < kSessions; ++i) run(i);
+  if (group) {
+    // The others queue at the client behind the call that is out (bounded poll).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (ep.steps_waiting() < kSessions - 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+    EXPECT_EQ(ep.steps_waiting(), kSessions - 1);
+  } else {
+    batcher.WaitPending(kSessions);  // each sent its own call
+  }
+  batcher.Resume();
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) ExpectNear(got[i], want[i], i);
+  const node::NodeCounters& c = head.server->counters();
+  *grouped_calls = c.grouped_calls.load();
+  *grouped_steps = c.grouped_steps.load();
+}
+
+TEST(StepManyTest, ClientGroupsTheStepsWaitingForANode) {
+  int64_t calls = 0, steps = 0;
+  RunWaitingSteps(/*group=*/true, &calls, &steps);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(steps, kSessions - 1);
+  RunWaitingSteps(/*group=*/false, &calls, &steps);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(steps, 0);
+}
+
+}  // namespace
+}  // namespace meshnet::rpc
