@@ -279,6 +279,9 @@ void Batcher::RegroupLocked() {
          Clock::now() < arriving_until_) {
     queued_.WaitUntil(arriving_until_);
   }
+  // Steps announced and still not here when the wait ran out (held up before
+  // the queue) are not waited for again: no later batch waits on their account.
+  if (arriving_ > 0 && Clock::now() >= arriving_until_) arriving_ = 0;
   while (!held_ && pending_ < options_.max_batch_sessions) {
     const double now = Seconds(Clock::now());
     const bool for_last = now < until_last && !AllBackLocked(last);

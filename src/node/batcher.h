@@ -114,6 +114,9 @@ class Batcher {
   // ended without one (a miss, an error, a replayed answer), and for at most
   // BatchOptions::group_wait_s, the next batch waits for them, so the steps of
   // one call are computed in one batch, not one by one as their threads wake.
+  // Announced steps still missing when a wait runs out are forgotten, so a
+  // step held up elsewhere (or a hostile caller) delays at most the batches
+  // formed within group_wait_s of its call.
   void ExpectSteps(int64_t n) EXCLUDES(mu_);
   class Arrival {
    public:

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -131,7 +132,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
 
   grpc::Status Step(grpc::ServerContext* ctx, const pb::StepRequest* req,
                     pb::StepResponse* out) override {
-    return Run(ctx, [&] { LimitedStep(ctx, *req, out); });
+    return Run(ctx, [&] {
+      NoteMessageBytes(req->ByteSizeLong());  // a large one: trim the heap after the call
+      LimitedStep(ctx, PeerKey(*ctx), *req, out);
+    });
   }
 
   // Each step as its own Step call would run (auth checked once, each step
@@ -151,13 +155,19 @@ class MeshNodeService final : public pb::MeshNode::Service {
     counters.grouped_calls.fetch_add(1, std::memory_order_relaxed);
     counters.grouped_steps.fetch_add(n, std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) out->add_outcomes();
+    NoteMessageBytes(req->ByteSizeLong());  // on the handler's thread, which ends the call
+    const std::string peer = PeerKey(*ctx);
+    // The batch waits for the call's decode steps, not for its prompts (which
+    // may wait for an admission slot first).
     node::Batcher& batcher = core_->core().node().batcher();
-    batcher.ExpectSteps(n);
+    batcher.ExpectSteps(std::count_if(req->steps().begin(), req->steps().end(),
+                                      [](const pb::StepRequest& r) { return !r.prefill(); }));
     fanout_.Run(n, [&](int64_t i) {
       pb::StepOutcome& o = *out->mutable_outcomes(static_cast<int>(i));
-      const node::Batcher::Arrival arrival(&batcher);
+      std::optional<node::Batcher::Arrival> arrival;
+      if (!req->steps(static_cast<int>(i)).prefill()) arrival.emplace(&batcher);
       try {
-        LimitedStep(ctx, req->steps(static_cast<int>(i)), o.mutable_response());
+        LimitedStep(ctx, peer, req->steps(static_cast<int>(i)), o.mutable_response());
       } catch (const Error& e) {
         // What the step's own call would end with (ToStatus and its trailer);
         // not on ctx, which the other steps share.
@@ -189,12 +199,18 @@ class MeshNodeService final : public pb::MeshNode::Service {
       std::atomic<int>* n;
       ~Close() { n->fetch_sub(1); }
     } close{&open_streams_};
+    const std::string peer = PeerKey(*ctx);
     pb::StepRequest req;
     pb::StepResponse out;
     while (stream->Read(&req)) {
       out.Clear();
       grpc::Status s = Run(
-          ctx, [&] { LimitedStep(ctx, req, &out); }, /*check_token=*/false);
+          ctx,
+          [&] {
+            NoteMessageBytes(req.ByteSizeLong());
+            LimitedStep(ctx, peer, req, &out);
+          },
+          /*check_token=*/false);
       if (!s.ok()) return s;
       if (!stream->Write(out)) break;
     }
@@ -263,10 +279,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
  private:
   // A step under the caller's per-peer limit, cancelled between layers and
   // prefill chunks once its call is (deadline passed, client gone, or the
-  // server's shutdown grace over).
-  void LimitedStep(grpc::ServerContext* ctx, const pb::StepRequest& req, pb::StepResponse* out) {
-    NoteMessageBytes(req.ByteSizeLong());  // a large one: trim the heap after the call
-    const std::string peer = PeerKey(*ctx);
+  // server's shutdown grace over). `peer`: PeerKey(*ctx), read once per call
+  // (the context's auth_context() is not safe from several threads at once).
+  void LimitedStep(grpc::ServerContext* ctx, const std::string& peer, const pb::StepRequest& req,
+                   pb::StepResponse* out) {
     if (req.prefill()) session_rate_.Open(peer, req.session_id());
     PeerLimits::Slot slot(&peers_, peer);
     shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
