@@ -618,14 +618,23 @@ struct Q6KPacked {
   static constexpr int64_t kBlock = kPackedQ6KBlock;
 };
 
-// Row groups [g_begin, g_end) x all tokens: tiles of 4 tokens, then one of the rest.
+// Tokens per tile: Q4_K, Q5_K and IQ4_XS unpack each chunk's nibbles once for
+// all of a tile's tokens, so they take 8; the others 4.
+template <class P>
+inline constexpr int kPackedTokenTile =
+    std::is_same_v<P, Q4KPacked> || std::is_same_v<P, Q5KPacked> || std::is_same_v<P, IQ4XSPacked>
+        ? 8
+        : 4;
+
+// Row groups [g_begin, g_end) x all tokens: tiles of kPackedTokenTile tokens, then one of the
+// rest.
 template <class P>
 HWY_INLINE void KPackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_end,
                             const QuantActs& a, int64_t n_tokens, float* y) {
   const int64_t ns = w.cols / 256;
   for (int64_t g = g_begin; g < g_end; ++g) {
     const uint8_t* group = static_cast<const uint8_t*>(w.packed) + g * ns * P::kBlock;
-    TokenTiles<4>(n_tokens, [&](auto tile, int64_t t) {
+    TokenTiles<kPackedTokenTile<P>>(n_tokens, [&](auto tile, int64_t t) {
       if constexpr (std::is_same_v<P, Q6KPacked>) {
         Q6KPackedTile<decltype(tile)::value>(group, ns, a, t, y + g * 16, w.rows);
       } else if constexpr (std::is_same_v<P, Q2KPacked> || std::is_same_v<P, Q3KPacked>) {

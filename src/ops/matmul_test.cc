@@ -317,7 +317,7 @@ TEST(MatMul, QuantTypesOnRandomBitsMatchReference) {
 }
 
 // The K-quants packed 16 rows at a time: row counts around the groups of 16
-// (the rest unpacked), token counts around the tiles of 4, every code, scale
+// (the rest unpacked), token counts around the tiles of 4 and 8, every code, scale
 // and min (random bits).
 void CheckPackedKQuant(GgmlType type) {
   ForEachSimdTarget([type] {
