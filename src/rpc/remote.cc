@@ -238,8 +238,8 @@ namespace {
 // the first to reach the next node would go alone and split the group (a
 // session once alone would stay out of phase); so a leader about to send
 // waits, kTransitWait at most, until no session is in transit: the cohort
-// stays one call per hop and stragglers join it. A lone session never waits
-// (its own mark is cleared when it sends).
+// stays one call per hop. A lone session never waits (its own mark is cleared
+// when it sends); a session whose step failed is not marked (it re-plans).
 class Transit {
  public:
   static constexpr double kTransitWait = 0.002;
@@ -303,9 +303,12 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
   const bool groupable = Groupable(request, o) && m.node_groups.load();
   EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits, &req);
   Transit::Get().Clear();
-  // However it ends, this session's next step follows soon (or Release).
+  // Answered: this session's next step follows soon (or its Release).
   struct MarkOnReturn {
-    ~MarkOnReturn() { Transit::Get().Mark(); }
+    const int unwinding = std::uncaught_exceptions();
+    ~MarkOnReturn() {
+      if (std::uncaught_exceptions() == unwinding) Transit::Get().Mark();
+    }
   } mark;
   if (!groupable) return m.StepAlone(req, request.route_epoch, request.step_id);
   Impl::Waiter self(&m.group_mu);
