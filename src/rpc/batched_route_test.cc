@@ -11,6 +11,7 @@
 #include "mesh/in_process.h"
 #include "rpc/remote.h"
 #include "rpc/server.h"
+#include "rpc/test_util.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::rpc {
@@ -19,11 +20,7 @@ namespace {
 constexpr int kSessions = 32;
 constexpr int kTokens = 16;
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+using testing::ShippedModel;
 
 std::vector<int32_t> PromptOf(int i) {
   std::vector<int32_t> p = {1};
@@ -47,7 +44,7 @@ mesh::GenerateOptions Greedy() {
 }
 
 std::vector<std::vector<int32_t>> Solo() {
-  mesh::InProcessMesh mesh(File(), Split(), nullptr);
+  mesh::InProcessMesh mesh(ShippedModel(), Split(), nullptr);
   std::vector<std::vector<int32_t>> out;
   for (int i = 0; i < kSessions; ++i) {
     mesh::FixedRouteProvider p(mesh.route());
@@ -92,7 +89,7 @@ void ExpectBatched(mesh::InProcessMesh& mesh) {
 TEST(BatchedRoute, InProcessSessionsEqualTheirSoloRuns) {
   const auto solo = Solo();
   ThreadPool pool(2);
-  mesh::InProcessMesh mesh(File(), Split(), &pool);
+  mesh::InProcessMesh mesh(ShippedModel(), Split(), &pool);
   mesh::FixedRouteProvider provider(mesh.route());
   const auto got = Concurrent(mesh, provider);
   for (int i = 0; i < kSessions; ++i) EXPECT_EQ(got[i], solo[i]) << "session " << i;
@@ -102,7 +99,7 @@ TEST(BatchedRoute, InProcessSessionsEqualTheirSoloRuns) {
 TEST(BatchedRoute, GrpcNodesSessionsEqualTheirSoloRuns) {
   const auto solo = Solo();
   ThreadPool pool(2);
-  mesh::InProcessMesh mesh(File(), Split(), &pool);
+  mesh::InProcessMesh mesh(ShippedModel(), Split(), &pool);
   std::vector<std::unique_ptr<NodeServer>> servers;
   std::vector<std::string> addresses;
   for (int i = 0; i < 3; ++i) {

@@ -21,16 +21,13 @@
 #include "node/identity.h"
 #include "node/node.h"
 #include "node/node_core.h"
+#include "rpc/test_util.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+using testing::ShippedModel;
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429, 30, 31, 32, 33};
 const std::string kSecret = "the-secret";
@@ -56,7 +53,7 @@ struct TestNode {
     o.layers = node::LayerRange{0, 4};
     o.kv_config.budget_bytes = 16 << 20;
     o.kv_config.block_tokens = 4;
-    node = std::make_unique<node::Node>(File(), o, nullptr);
+    node = std::make_unique<node::Node>(ShippedModel(), o, nullptr);
     core = std::make_unique<node::NodeCore>(node.get());
   }
   std::unique_ptr<node::Node> node;

@@ -27,11 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::ScratchDir;
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+using testing::ShippedModel;
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429};
 
@@ -52,7 +48,7 @@ ClientOptions Roomy() {
 }
 
 std::vector<int32_t> InProcessTokens(const mesh::GenerateOptions& o) {
-  mesh::InProcessMesh reference(File(), Split(), nullptr);
+  mesh::InProcessMesh reference(ShippedModel(), Split(), nullptr);
   mesh::FixedRouteProvider p(reference.route());
   return mesh::Generate(p, kPrompt, o).generated_ids;
 }
@@ -63,7 +59,7 @@ struct Nodes {
   // takes up to civetweb's 2 s poll quantum).
   explicit Nodes(const NodeServerOptions& base, int64_t budget = 8 << 20,
                  bool metrics_on_tail = false)
-      : mesh(File(), Split(budget), nullptr) {
+      : mesh(ShippedModel(), Split(budget), nullptr) {
     for (int i = 0; i < 3; ++i) {
       NodeServerOptions o = base;
       if (metrics_on_tail && i == 2) o.metrics_listen = "127.0.0.1:0";

@@ -12,6 +12,7 @@
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "node/identity.h"
+#include "rpc/test_util.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::rpc {
@@ -19,11 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+using testing::ShippedModel;
 
 mesh::InProcessMeshOptions Split(int64_t budget = 8 << 20) {
   mesh::InProcessMeshOptions o;
@@ -71,7 +68,7 @@ class NodeServiceTest : public ::testing::Test {
 
   void Build(const mesh::InProcessMeshOptions& o, node::NodeCoreOptions co = {}) {
     cores_.clear();
-    mesh_ = std::make_unique<mesh::InProcessMesh>(File(), o, nullptr);
+    mesh_ = std::make_unique<mesh::InProcessMesh>(ShippedModel(), o, nullptr);
     for (int i = 0; i < 3; ++i) {
       cores_.push_back(std::make_unique<NodeService>(&mesh_->node(i), co));
     }
@@ -117,7 +114,7 @@ TEST_F(NodeServiceTest, GenerationThroughTheWireMatchesInProcess) {
     o.max_tokens = 24;
     o.sampling.temperature = temperature;
     o.sampling.seed = 5;
-    mesh::InProcessMesh reference(File(), Split(), nullptr);
+    mesh::InProcessMesh reference(ShippedModel(), Split(), nullptr);
     mesh::FixedRouteProvider local(reference.route());
     const auto want = mesh::Generate(local, kPrompt, o).generated_ids;
     mesh::FixedRouteProvider wire(CoreRoute());
@@ -339,7 +336,7 @@ TEST_F(NodeServiceTest, InfoDescribesTheShard) {
   EXPECT_EQ(info.end_layer(), 3);
   EXPECT_EQ(info.total_layers(), 5);
   EXPECT_EQ(info.architecture(), "llama");
-  EXPECT_EQ(info.model_id(), node::ModelIdentity(*File()));
+  EXPECT_EQ(info.model_id(), node::ModelIdentity(*ShippedModel()));
   EXPECT_EQ(info.recipe_fingerprint(), mesh_->adapter(1).recipe().Fingerprint());
   EXPECT_EQ(info.kv_budget_bytes(), 8 << 20);
   EXPECT_EQ(info.kv_bytes_free(), 8 << 20);

@@ -11,6 +11,7 @@
 #include "registry/registry_contract.h"
 #include "rpc/registry_client.h"
 #include "rpc/server.h"
+#include "rpc/test_util.h"
 
 namespace meshnet::rpc {
 namespace {
@@ -45,15 +46,11 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Grpc, RegistryContract, GrpcBackends);
 namespace meshnet::rpc {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+using testing::ShippedModel;
 
 // One in-process node (layers 0-1 of the shipped model) served over gRPC.
 struct OneNode {
-  explicit OneNode(const std::string& token = "") : mesh(File(), Options(), nullptr) {
+  explicit OneNode(const std::string& token = "") : mesh(ShippedModel(), Options(), nullptr) {
     NodeServerOptions o;
     o.auth_token = token;
     server = std::make_unique<NodeServer>(&mesh.node(0), o);

@@ -18,16 +18,13 @@
 #include "rpc/codec.h"
 #include "rpc/remote.h"
 #include "rpc/server.h"
+#include "rpc/test_util.h"
 #include "util/error.h"
 
 namespace meshnet::rpc {
 namespace {
 
-std::shared_ptr<const gguf::GgufFile> File() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
+using testing::ShippedModel;
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429};
 constexpr int kSessions = 6;
@@ -42,7 +39,7 @@ std::string SessionId(int i) {
 // with float32 KV; `group_wait_s`: how long its batches wait for a call's
 // steps (long here, so that "one batch" does not depend on thread timing).
 struct Head {
-  explicit Head(double group_wait_s = 30.0) : mesh(File(), Options(group_wait_s), nullptr) {
+  explicit Head(double group_wait_s = 30.0) : mesh(ShippedModel(), Options(group_wait_s), nullptr) {
     mesh.node(0).batcher().SetObserver([this](const node::BatchView& v) {
       std::lock_guard<std::mutex> lock(mu);
       batch_sizes.push_back(static_cast<int>(v.session_ids.size()));
