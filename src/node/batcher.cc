@@ -102,13 +102,7 @@ void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
   self.step = step;
   self.session_id = session_id;
   self.cancel = shard::CurrentStepCancel();
-  if (options_.max_batch_sessions == 1) {
-    {
-      MutexLock lock(&mu_);
-      CountArrivalLocked();
-    }
-    return RunAlone(self);
-  }
+  if (options_.max_batch_sessions == 1) return RunAlone(self);
   {
     MutexLock lock(&mu_);
     CountArrivalLocked();
@@ -306,6 +300,7 @@ void Batcher::CountBatch(int64_t rows, int64_t steps, double seconds) {
 void Batcher::RunAlone(Item& self) {
   {
     MutexLock lock(&mu_);
+    CountArrivalLocked();
     ++pending_;  // visible to WaitPending while held
     queued_.SignalAll();
     while (held_) resumed_.Wait();

@@ -30,6 +30,18 @@ namespace {
 
 std::chrono::system_clock::time_point After(double seconds) { return DeadlineAfter(seconds); }
 
+// A node's answer as the client's result; a malformed one is the node's
+// failure (kUnavailable: the generator treats the hop as dead).
+mesh::StepResult DecodeAnswer(const pb::StepResponse& resp, int64_t route_epoch,
+                              const std::string& peer, const char* method) {
+  try {
+    return DecodeStepResponse(resp, route_epoch);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kUnavailable,
+                peer + ": " + method + ": malformed answer from the node: " + e.what());
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ClientOptions& o) {
@@ -135,14 +147,7 @@ mesh::StepResult RemoteEndpoint::Impl::StepAlone(const pb::StepRequest& req, int
     Prepare(ctx, o.timeout_s, /*wait_for_ready=*/false);
     pb::StepResponse resp;
     const grpc::Status s = stub->Step(&ctx, req, &resp);
-    if (s.ok()) {
-      try {
-        return DecodeStepResponse(resp, route_epoch);
-      } catch (const Error& e) {
-        throw Error(ErrorKind::kUnavailable,
-                    address + ": Step: malformed answer from the node: " + e.what());
-      }
-    }
+    if (s.ok()) return DecodeAnswer(resp, route_epoch, address, "Step");
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < o.step_retries &&
         channel->WaitForConnected(After(o.connect_timeout_s))) {
       ClientLog().debug("event=step_retry node={} step={} reason=\"{}\"", address, step_id,
@@ -199,16 +204,17 @@ void RemoteEndpoint::Impl::SendMany(const std::vector<Waiter*>& batch) {
         code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
         code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNAUTHENTICATED ||
         code == grpc::StatusCode::PERMISSION_DENIED;
-    for (Waiter* w : batch) {
-      if (!transport) {
-        w->alone = true;  // an older node, a message limit...: each step on its own
-        continue;
-      }
+    std::optional<Error> failed;  // unset: an older node, a message limit...
+    if (transport) {
       try {
         ThrowForStatus(s, ctx, address, "StepMany");
       } catch (const Error& e) {
-        w->error.emplace(e.kind(), e.what());
+        failed = e;
       }
+    }
+    for (Waiter* w : batch) {
+      w->alone = !failed;  // each step on its own
+      w->error = failed;
     }
     return;
   }
@@ -219,15 +225,9 @@ mesh::StepResult RemoteEndpoint::Impl::OutcomeResult(const pb::StepOutcome& o,
   if (o.code() != 0) {
     std::optional<std::string_view> kind;
     if (!o.kind().empty()) kind = o.kind();
-    throw Error(ErrorKindFor(static_cast<grpc::StatusCode>(o.code()), kind),
-                address + ": Step: " + o.message());
+    ThrowForCode(static_cast<grpc::StatusCode>(o.code()), kind, o.message(), address, "Step");
   }
-  try {
-    return DecodeStepResponse(o.response(), route_epoch);
-  } catch (const Error& e) {
-    throw Error(ErrorKind::kUnavailable,
-                address + ": Step: malformed answer from the node: " + e.what());
-  }
+  return DecodeAnswer(o.response(), route_epoch, address, "Step");
 }
 
 namespace {
@@ -391,12 +391,7 @@ class StreamClientImpl final : public StepStreamClient {
     EncodeStepRequest(request, options_.wire_dtype, options_.wire_dtype, options_.want_logits,
                       &req_);
     if (closed_ || !stream_->Write(req_) || !stream_->Read(&resp_)) Finish("Step");
-    try {
-      return DecodeStepResponse(resp_, request.route_epoch);
-    } catch (const Error& e) {
-      throw Error(ErrorKind::kUnavailable,
-                  address_ + ": StepStream: malformed answer: " + e.what());
-    }
+    return DecodeAnswer(resp_, request.route_epoch, address_, "StepStream");
   }
 
   void Close() override {

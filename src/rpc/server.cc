@@ -106,15 +106,6 @@ class PeerLimits {
   std::unordered_map<std::string, int> calls_;  // GUARDED_BY(mu_)
 };
 
-// A StepMany step that failed: its status, as its own Step call's.
-void SetOutcomeError(grpc::StatusCode code, std::string_view kind, const char* message,
-                     pb::StepOutcome* o) {
-  o->clear_response();
-  o->set_code(code);
-  o->set_kind(std::string(kind));
-  o->set_message(message);
-}
-
 class MeshNodeService final : public pb::MeshNode::Service {
  public:
   MeshNodeService(NodeService* core, const NodeServerOptions& o)
@@ -166,18 +157,18 @@ class MeshNodeService final : public pb::MeshNode::Service {
       pb::StepOutcome& o = *out->mutable_outcomes(static_cast<int>(i));
       std::optional<node::Batcher::Arrival> arrival;
       if (!req->steps(static_cast<int>(i)).prefill()) arrival.emplace(&batcher);
-      try {
-        LimitedStep(ctx, peer, req->steps(static_cast<int>(i)), o.mutable_response());
-      } catch (const Error& e) {
-        // What the step's own call would end with (ToStatus and its trailer);
-        // not on ctx, which the other steps share.
-        spdlog::debug("event=call_failed peer={} kind={} message=\"{}\"", ctx->peer(),
-                      ErrorKindName(e.kind()), e.what());
-        SetOutcomeError(StatusCodeFor(e.kind()), ErrorKindName(e.kind()), e.what(), &o);
-      } catch (const std::exception& e) {
-        spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx->peer(), e.what());
-        SetOutcomeError(grpc::StatusCode::INTERNAL, "", e.what(), &o);
-      }
+      // What the step's own call would end with (RunToStatus), not on ctx,
+      // which the other steps share.
+      std::optional<ErrorKind> kind;
+      const grpc::Status s = RunCaught(
+          *ctx, "call_failed", /*info=*/false,
+          [&] { LimitedStep(ctx, peer, req->steps(static_cast<int>(i)), o.mutable_response()); },
+          &kind);
+      if (s.ok()) return;
+      o.clear_response();
+      o.set_code(s.error_code());
+      o.set_kind(kind ? std::string(ErrorKindName(*kind)) : "");
+      o.set_message(s.error_message());
     });
     return grpc::Status::OK;
   }

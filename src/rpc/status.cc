@@ -94,24 +94,38 @@ void ThrowForStatus(const grpc::Status& status, const grpc::ClientContext& conte
   if (auto it = trailers.find(kErrorKindKey); it != trailers.end()) {
     kind_name = std::string_view(it->second.data(), it->second.size());
   }
-  const ErrorKind kind = ErrorKindFor(status.error_code(), kind_name);
-  throw Error(kind, peer + ": " + method + ": " + status.error_message());
+  ThrowForCode(status.error_code(), kind_name, status.error_message(), peer, method);
 }
 
-grpc::Status RunToStatus(grpc::ServerContext* ctx, const char* event, bool info,
-                         const std::function<void()>& body) {
+void ThrowForCode(grpc::StatusCode code, std::optional<std::string_view> kind_name,
+                  const std::string& message, const std::string& peer, const char* method) {
+  throw Error(ErrorKindFor(code, kind_name), peer + ": " + method + ": " + message);
+}
+
+grpc::Status RunCaught(const grpc::ServerContext& ctx, const char* event, bool info,
+                       const std::function<void()>& body, std::optional<ErrorKind>* kind) {
+  kind->reset();
   try {
     body();
     return grpc::Status::OK;
   } catch (const Error& e) {
     spdlog::log(info ? spdlog::level::info : spdlog::level::debug,
-                "event={} peer={} kind={} message=\"{}\"", event, ctx->peer(),
+                "event={} peer={} kind={} message=\"{}\"", event, ctx.peer(),
                 ErrorKindName(e.kind()), e.what());
-    return ToStatus(e, ctx);
+    *kind = e.kind();
+    return ToStatus(e);
   } catch (const std::exception& e) {
-    spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx->peer(), e.what());
+    spdlog::error("event=call_crashed peer={} message=\"{}\"", ctx.peer(), e.what());
     return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
   }
+}
+
+grpc::Status RunToStatus(grpc::ServerContext* ctx, const char* event, bool info,
+                         const std::function<void()>& body) {
+  std::optional<ErrorKind> kind;
+  grpc::Status s = RunCaught(*ctx, event, info, body, &kind);
+  if (kind) ctx->AddTrailingMetadata(kErrorKindKey, std::string(ErrorKindName(*kind)));
+  return s;
 }
 
 }  // namespace meshnet::rpc

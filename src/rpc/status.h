@@ -33,6 +33,11 @@ grpc::Status ToStatus(const Error& e, grpc::ServerContext* context = nullptr);
 ErrorKind ErrorKindFor(grpc::StatusCode code, std::optional<std::string_view> kind_name);
 
 // Throws Error(kind) for a non-OK status: "<peer>: <method>: <message>".
+// ThrowForCode: the same from a code and the kind name the node sent (the
+// trailer, or a StepMany outcome's kind).
+[[noreturn]] void ThrowForCode(grpc::StatusCode code, std::optional<std::string_view> kind_name,
+                               const std::string& message, const std::string& peer,
+                               const char* method);
 [[noreturn]] void ThrowForStatus(const grpc::Status& status, const grpc::ClientContext& context,
                                  const std::string& peer, const char* method);
 
@@ -43,5 +48,10 @@ std::optional<ErrorKind> ParseErrorKindName(std::string_view name);
 // when `info`, else debug); for anything else INTERNAL, logged as an error.
 grpc::Status RunToStatus(grpc::ServerContext* ctx, const char* event, bool info,
                          const std::function<void()>& body);
+// The same, leaving the context alone (the steps of one StepMany share it):
+// `kind` gets a failed body's meshnet error kind (unset for OK or another
+// exception), for the caller to report.
+grpc::Status RunCaught(const grpc::ServerContext& ctx, const char* event, bool info,
+                       const std::function<void()>& body, std::optional<ErrorKind>* kind);
 
 }  // namespace meshnet::rpc
