@@ -30,7 +30,8 @@
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
 // inproc_nobatch and 3node_nobatch run with the nodes' batching off,
-// 3node_single without the client's step grouping,
+// 3node_single without the client's step grouping, 3node_depthN with at most
+// N of the client's calls out at once (--pipeline-depth N),
 // <route>_kvf32 with --kv-dtype float32, and
 // <route>_chunkN with --prefill-chunk N, <route>_shareX with --prefill-share X; Ratios then adds
 // <route>_16_batch_gain)
@@ -156,7 +157,8 @@ using bench::SelfCpuSeconds;
 // "<route>_nobatch" turns the nodes' batching off (--max-batch-sessions 1),
 // "<route>_kvf32" keeps their KV cache in float32 (default float16),
 // "3node_single" has the client send every step in a call of its own (no
-// StepMany grouping, ClientOptions::group_steps),
+// StepMany grouping, ClientOptions::group_steps), "3node_depthN" limits the
+// client to N calls in flight (ClientOptions::pipeline_depth),
 // "<route>_chunkN" sets their --prefill-chunk to N, "<route>_shareX" their
 // --prefill-share to X.
 class Route {
@@ -214,6 +216,9 @@ class Route {
     co.timeout_s = 600;
     co.info_timeout_s = 30;
     co.group_steps = route_name.find("_single") == std::string::npos;
+    const size_t depth_at = route_name.find("_depth");
+    if (depth_at != std::string::npos)
+      co.pipeline_depth = std::stoi(route_name.substr(depth_at + 6));
     provider_ = rpc::MakeRemoteRouteProvider(addresses_, co);
   }
   mesh::RouteProvider& provider() { return *provider_; }
@@ -370,13 +375,17 @@ void BM_Ratios(benchmark::State& state, std::string type) {
     state.counters[std::string(route) + "_16_batch_gain_cpu"] =
         on->tokens_per_cpu_s / off->tokens_per_cpu_s;
   }
-  for (int n : Flags().sessions) {
-    const Figures* in = get("inproc", n);
-    const Figures* three = get("3node", n);
-    if (in == nullptr || three == nullptr) continue;
-    state.counters["3node_vs_inproc_" + std::to_string(n)] = three->tokens_per_s / in->tokens_per_s;
-    state.counters["3node_vs_inproc_cpu_" + std::to_string(n)] =
-        three->tokens_per_cpu_s / in->tokens_per_cpu_s;
+  for (const std::string& route : Flags().routes) {  // 3node, 3node_depth1, ...
+    if (route.rfind("3node", 0) != 0) continue;
+    for (int n : Flags().sessions) {
+      const Figures* in = get("inproc", n);
+      const Figures* three = get(route, n);
+      if (in == nullptr || three == nullptr) continue;
+      state.counters[route + "_vs_inproc_" + std::to_string(n)] =
+          three->tokens_per_s / in->tokens_per_s;
+      state.counters[route + "_vs_inproc_cpu_" + std::to_string(n)] =
+          three->tokens_per_cpu_s / in->tokens_per_cpu_s;
+    }
   }
 }
 

@@ -52,6 +52,7 @@ struct ApiFlags {
   registry::EtcdSecurity etcd;
   ClientSecurityFlags nodes_client;  // --auth-token, --node-tls-*
   double timeout_s = 30.0;
+  int pipeline_depth = 0;  // --pipeline-depth (rpc::ClientOptions)
   std::string api_key;
   std::string tls_cert;
   std::string tls_key;
@@ -129,6 +130,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
   rpc::ClientOptions co;
   CopyClientSecurityFlags(f.nodes_client, &co);
   co.timeout_s = f.timeout_s;
+  co.pipeline_depth = f.pipeline_depth;
   if (!f.registry.empty()) co.expected_model_id = node::ModelIdentity(*file);  // routed by id
   r.remote = MakeNodeRouteProvider(f.nodes, f.registry, co, f.etcd);
   auto remote = r.remote;
@@ -254,6 +256,14 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--node-tls-cert", nc.tls_cert, "Client certificate (PEM) for the nodes");
   sub->add_option("--node-tls-key", nc.tls_key, "Client private key (PEM) for the nodes");
   sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes/--registry")
+      ->capture_default_str();
+  sub->add_option(
+         "--pipeline-depth", f->pipeline_depth,
+         "Grouped step calls in flight at once over the nodes, the call to the earliest layers "
+         "first (0 = no limit: every node computes at once, for nodes on machines of their "
+         "own; 1 = all sessions as one batch through one node at a time, for nodes sharing "
+         "a machine's cores)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   sub->add_option("--api-key", f->api_key,
                   "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");

@@ -50,6 +50,7 @@ struct GenerateFlags {
   registry::EtcdSecurity etcd;
   ClientSecurityFlags client;
   double timeout_s = 30.0;
+  int pipeline_depth = 0;  // --pipeline-depth (rpc::ClientOptions)
   bool no_bos = false;
   bool special = false;
   std::string dump_logits;
@@ -169,6 +170,7 @@ GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
   rpc::ClientOptions co;
   CopyClientSecurityFlags(f.client, &co);
   co.timeout_s = f.timeout_s;
+  co.pipeline_depth = f.pipeline_depth;
   co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
   co.Validate();
   r.provider = MakeNodeRouteProvider(f.nodes, f.registry, co, f.etcd);
@@ -306,6 +308,14 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
                          "CA certificate (PEM) to verify nodes over TLS");
   sub->add_option("--timeout", f->timeout_s,
                   "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
+      ->capture_default_str();
+  sub->add_option(
+         "--pipeline-depth", f->pipeline_depth,
+         "Grouped step calls in flight at once over the nodes, the call to the earliest layers "
+         "first (0 = no limit: every node computes at once, for nodes on machines of their "
+         "own; 1 = all sessions as one batch through one node at a time, for nodes sharing "
+         "a machine's cores)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   return sessions;
 }

@@ -48,6 +48,10 @@ void ClientOptions::Validate() const {
     ThrowInvalidArgument("dead-node cooldown must be >= 0 seconds");
   }
   if (step_retries < 0) ThrowInvalidArgument("step retries must be >= 0");
+  if (!(transit_wait_s >= 0 && transit_wait_s <= 60)) {
+    ThrowInvalidArgument("transit wait must be 0..60 seconds");
+  }
+  if (pipeline_depth < 0) ThrowInvalidArgument("pipeline depth must be >= 0 (0: no limit)");
   if (tls_cert.empty() != tls_key.empty()) {
     ThrowInvalidArgument("--tls-cert and --tls-key must be given together");
   }

@@ -32,6 +32,17 @@ struct ClientOptions {
   // (one client driving many sessions) go out as one StepMany call, one call
   // in flight per node: see RemoteEndpoint::Step (rpc/remote.h).
   bool group_steps = true;
+  // How long a node's next call may wait for the sessions of this process
+  // that are between two steps, so that a group's members, which wake one
+  // after another, go on as one call (0..60 s).
+  double transit_wait_s = 0.002;
+  // At most this many grouped step calls of a route in flight at once (0: no
+  // limit), the call to the earliest layers first: 1 moves all sessions as
+  // one cohort (the whole batch on each node in turn: the most tokens per
+  // CPU-second when the nodes share a machine's cores), the number of hops
+  // lets every node compute at once (pipelining, for nodes on machines of
+  // their own). See util::RankGate.
+  int pipeline_depth = 0;
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;

@@ -57,6 +57,7 @@ struct RegistryRouteProvider::Impl {
   std::shared_ptr<registry::Registry> registry;
   std::string model_id;
   ClientOptions client;
+  std::shared_ptr<util::RankGate> gate;  // ClientOptions::pipeline_depth, shared by the endpoints
   RegistryRouteOptions options;
 
   struct Dead {
@@ -108,7 +109,7 @@ std::vector<registry::NodeRecord> RegistryRouteProvider::Impl::Nodes() {
 std::shared_ptr<RemoteEndpoint> RegistryRouteProvider::Impl::EndpointLocked(
     const std::string& address) {
   auto& ep = endpoints[address];
-  if (!ep) ep = std::make_shared<RemoteEndpoint>(address, client);
+  if (!ep) ep = std::make_shared<RemoteEndpoint>(address, client, gate);
   return ep;
 }
 
@@ -171,6 +172,7 @@ RegistryRouteProvider::RegistryRouteProvider(std::shared_ptr<registry::Registry>
   impl_->registry = std::move(registry);
   impl_->model_id = std::move(model_id);
   impl_->client = client;
+  impl_->gate = MakePipelineGate(client);
   impl_->options = options;
 }
 

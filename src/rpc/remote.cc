@@ -97,12 +97,20 @@ struct RemoteEndpoint::Impl {
   Mutex group_mu;
   std::deque<Waiter*> group_queue GUARDED_BY(group_mu);
   bool group_sending GUARDED_BY(group_mu) = false;
-  std::atomic<bool> node_groups{true};  // false once the node answered UNIMPLEMENTED
+  std::atomic<bool> node_groups{true};   // false once the node answered UNIMPLEMENTED
+  std::shared_ptr<util::RankGate> gate;  // ClientOptions::pipeline_depth, or null
 };
 
-RemoteEndpoint::RemoteEndpoint(std::string address, const ClientOptions& options)
+std::shared_ptr<util::RankGate> MakePipelineGate(const ClientOptions& options) {
+  if (options.pipeline_depth <= 0) return nullptr;
+  return std::make_shared<util::RankGate>(options.pipeline_depth);
+}
+
+RemoteEndpoint::RemoteEndpoint(std::string address, const ClientOptions& options,
+                               std::shared_ptr<util::RankGate> gate)
     : impl_(std::make_unique<Impl>()) {
   options.Validate();
+  impl_->gate = std::move(gate);
   impl_->address = std::move(address);
   impl_->options = options;
   impl_->channel = MakeChannel(impl_->address, options);
@@ -166,6 +174,7 @@ struct RemoteEndpoint::Impl::Waiter {
   const pb::StepRequest* req = nullptr;
   bool done = false;
   bool alone = false;          // the group call was refused: send it on its own
+  bool counted = false;        // the leader counted it in transit (Transit::Count)
   pb::StepOutcome outcome;     // the node's answer for this step
   std::optional<Error> error;  // the call failed as a whole
   CondVar wake;                // done, or this waiter is the queue's front
@@ -237,13 +246,15 @@ namespace {
 // on their route. The sessions of a group call wake one after another, and
 // the first to reach the next node would go alone and split the group (a
 // session once alone would stay out of phase); so a leader about to send
-// waits, kTransitWait at most, until no session is in transit: the cohort
-// stays one call per hop. A lone session never waits (its own mark is cleared
-// when it sends); a session whose step failed is not marked (it re-plans).
+// waits, ClientOptions::transit_wait_s at most, until no session is in transit: the cohort
+// stays one call per hop. The leader of a group call counts its members in
+// transit before it wakes them (Count), each member's thread takes its mark
+// over (Adopt): counted by their own threads on waking, members not yet
+// scheduled were missed, and a sibling leading at the next node went without
+// them. A lone session never waits (its own mark is cleared when it sends);
+// a session whose step failed is not marked (it re-plans).
 class Transit {
  public:
-  static constexpr double kTransitWait = 0.002;
-
   static Transit& Get() {
     static Transit t;
     return t;
@@ -260,14 +271,26 @@ class Transit {
   void Clear() {
     if (!mark_.on) return;
     mark_.on = false;
+    Uncount();
+  }
+  // k sessions whose marks their threads will Adopt (or Uncount).
+  void Count(int64_t k) {
+    MutexLock lock(&mu_);
+    n_ += k;
+  }
+  void Adopt() {
+    if (mark_.on) return Uncount();  // marked already: one mark per thread
+    mark_.on = true;
+  }
+  void Uncount() {
     MutexLock lock(&mu_);
     if (--n_ == 0) zero_.SignalAll();
   }
-  // Until nobody is in transit, at most kTransitWait.
-  void Wait() {
+  // Until nobody is in transit, at most `seconds`.
+  void Wait(double seconds) {
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(kTransitWait));
+                           std::chrono::duration<double>(seconds));
     MutexLock lock(&mu_);
     while (n_ > 0 && zero_.WaitUntil(until)) {
     }
@@ -294,6 +317,21 @@ bool Groupable(const mesh::StepRequest& r, const ClientOptions& o) {
   return r.bundle ? r.bundle->n_tokens == 1 : r.token_ids.size() == 1;
 }
 
+// On Step's return: answered, this session's next step follows soon (or its
+// Release), so it is in transit; not when Step throws.
+struct MarkOnReturn {
+  const int unwinding = std::uncaught_exceptions();
+  bool counted = false;  // by the leader of its group call
+  ~MarkOnReturn() {
+    const bool ok = std::uncaught_exceptions() == unwinding;
+    if (counted) {
+      ok ? Transit::Get().Adopt() : Transit::Get().Uncount();
+    } else if (ok) {
+      Transit::Get().Mark();
+    }
+  }
+};
+
 }  // namespace
 
 mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
@@ -302,15 +340,11 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
   pb::StepRequest req;
   const bool groupable = Groupable(request, o) && m.node_groups.load();
   EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits, &req);
-  Transit::Get().Clear();
-  // Answered: this session's next step follows soon (or its Release).
-  struct MarkOnReturn {
-    const int unwinding = std::uncaught_exceptions();
-    ~MarkOnReturn() {
-      if (std::uncaught_exceptions() == unwinding) Transit::Get().Mark();
-    }
-  } mark;
-  if (!groupable) return m.StepAlone(req, request.route_epoch, request.step_id);
+  MarkOnReturn mark;
+  if (!groupable) {
+    Transit::Get().Clear();
+    return m.StepAlone(req, request.route_epoch, request.step_id);
+  }
   Impl::Waiter self(&m.group_mu);
   self.req = &req;
   std::vector<Impl::Waiter*> batch;
@@ -318,12 +352,21 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
   {
     MutexLock lock(&m.group_mu);
     m.group_queue.push_back(&self);
+    // Out of transit once queued, not before: a leader that saw nobody in
+    // transit takes every step that will be in its call.
+    Transit::Get().Clear();
     while (!self.done && (m.group_sending || m.group_queue.front() != &self)) self.wake.Wait();
     lead = !self.done;
     if (lead) m.group_sending = true;  // the others queue while the leader waits
   }
+  // The leader's place among the client's calls in flight (pipeline_depth):
+  // while it waits, more steps join its queue.
+  std::optional<util::RankGate::Hold> place;
   if (lead) {
-    Transit::Get().Wait();
+    place.emplace(m.gate.get(), request.bundle ? request.bundle->next_layer : 0);
+    do {
+      Transit::Get().Wait(o.transit_wait_s);
+    } while (place->Yield());  // a cohort behind reached an earlier node: it goes first
     MutexLock lock(&m.group_mu);
     m.TakeBatchLocked(&batch);
   }
@@ -339,10 +382,12 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
         error = std::current_exception();
       }
     }
+    place.reset();
     m.FinishBatch(batch);
     if (error) std::rethrow_exception(error);
     if (result) return std::move(*result);
   }
+  mark.counted = self.counted;
   if (self.alone) return m.StepAlone(req, request.route_epoch, request.step_id);
   if (self.error) throw *self.error;
   return m.OutcomeResult(self.outcome, request.route_epoch);
@@ -362,6 +407,14 @@ void RemoteEndpoint::Impl::TakeBatchLocked(std::vector<Waiter*>* batch) {
 }
 
 void RemoteEndpoint::Impl::FinishBatch(const std::vector<Waiter*>& batch) {
+  if (batch.size() > 1) {  // its answered members go on together
+    int64_t answered = 0;
+    for (Waiter* w : batch) {
+      w->counted = !w->alone && !w->error && w->outcome.code() == 0;
+      answered += w->counted;
+    }
+    Transit::Get().Count(answered);
+  }
   MutexLock lock(&group_mu);
   group_sending = false;
   for (Waiter* w : batch) {
@@ -556,8 +609,9 @@ RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses
     if (!seen.insert(a).second) ThrowInvalidArgument("node " + a + " is listed twice");
   }
   impl_->options = options;
+  const std::shared_ptr<util::RankGate> gate = MakePipelineGate(options);
   for (auto& a : node_addresses) {
-    impl_->endpoints.push_back(std::make_shared<RemoteEndpoint>(std::move(a), options));
+    impl_->endpoints.push_back(std::make_shared<RemoteEndpoint>(std::move(a), options, gate));
   }
   MutexLock lock(&impl_->mu);
   impl_->state.resize(impl_->endpoints.size());

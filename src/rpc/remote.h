@@ -13,7 +13,9 @@
 // and wake-ups of a call are paid once per batch). A lone step goes out at
 // once as a unary Step; a node that does not know StepMany
 // (UNIMPLEMENTED) or refuses the group gets each step on its own. Outcomes stay
-// per step: one session's miss or error is its own.
+// per step: one session's miss or error is its own. With
+// ClientOptions::pipeline_depth, at most that many of these calls are out at
+// once across the client's endpoints, the one to the earliest layers first.
 //
 // RemoteEndpoint::Step sends one unary call with a deadline. UNAVAILABLE is
 // retried (same step id; the node answers a retry from its idempotency cache)
@@ -42,6 +44,7 @@
 #include "mesh/generator.h"
 #include "node/step.h"
 #include "rpc/options.h"
+#include "util/rank_gate.h"
 
 namespace meshnet::rpc {
 
@@ -67,8 +70,11 @@ class StepStreamClient {
 class RemoteEndpoint final : public mesh::ShardEndpoint {
  public:
   // Validates options; reads TLS files (kInvalidArgument if unreadable). The
-  // channel connects lazily.
-  RemoteEndpoint(std::string address, const ClientOptions& options);
+  // channel connects lazily. `gate`: shared by the endpoints of one client
+  // to bound its grouped calls in flight (ClientOptions::pipeline_depth;
+  // providers make it); null: no bound.
+  RemoteEndpoint(std::string address, const ClientOptions& options,
+                 std::shared_ptr<util::RankGate> gate = nullptr);
   ~RemoteEndpoint() override;
 
   std::string name() const override;  // the address
@@ -110,6 +116,9 @@ class RemoteRouteProvider final : public mesh::RouteProvider {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The gate of ClientOptions::pipeline_depth (null when it is 0).
+std::shared_ptr<util::RankGate> MakePipelineGate(const ClientOptions& options);
 
 // What `meshnet generate --nodes` calls.
 std::unique_ptr<RemoteRouteProvider> MakeRemoteRouteProvider(

@@ -226,5 +226,152 @@ TEST(StepManyTest, ClientGroupsTheStepsWaitingForANode) {
   EXPECT_EQ(steps, 0);
 }
 
+// Both nodes of the shipped model (layers 0-1 and 2-4), each served on
+// 127.0.0.1, with float32 KV; `observed` gets "h" or "t" per batch, in order.
+struct TwoNodes {
+  TwoNodes() : mesh(ShippedModel(), Head::Options(30.0), nullptr) {
+    for (int i = 0; i < 2; ++i) {
+      mesh.node(i).batcher().SetObserver([this, i](const node::BatchView&) {
+        std::lock_guard<std::mutex> lock(mu);
+        observed += i == 0 ? "h" : "t";
+      });
+      servers.push_back(std::make_unique<NodeServer>(&mesh.node(i), NodeServerOptions{}));
+      servers.back()->Start();
+    }
+  }
+  std::string Observed() {
+    std::lock_guard<std::mutex> lock(mu);
+    return observed;
+  }
+  mesh::InProcessMesh mesh;
+  std::vector<std::unique_ptr<NodeServer>> servers;
+  std::mutex mu;
+  std::string observed;
+};
+
+// A session's decode step for the tail: the head's answer to Decode(i).
+mesh::StepRequest TailDecode(int i, shard::BoundaryBundle bundle) {
+  mesh::StepRequest r = Decode(i);
+  r.token_ids.clear();
+  r.bundle = std::move(bundle);
+  return r;
+}
+
+template <class Pred>
+void Until(Pred pred) {  // bounded poll on the client's and gate's own counts
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!pred() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_TRUE(pred());
+}
+
+// Every session prefilled on both nodes, on a thread of its own: a thread
+// whose step came back counts as a session between steps (in transit) until
+// it steps again or ends.
+void OpenAll(RemoteEndpoint& head, RemoteEndpoint& tail) {
+  std::thread([&] {
+    for (int i = 0; i < kSessions; ++i) {
+      auto b = std::get<shard::BoundaryBundle>(head.Step(Prefill(i)));
+      mesh::StepRequest r = Prefill(i);
+      r.token_ids.clear();
+      r.bundle = std::move(b);
+      tail.Step(r);
+    }
+  }).join();
+}
+
+// pipeline_depth 1: while a call to the tail is out, the head's next call
+// waits (the steps that come meanwhile join it), and goes when that one ends.
+TEST(PipelineDepthTest, OneCallOutAtATime) {
+  TwoNodes nodes;
+  ClientOptions co;
+  co.pipeline_depth = 1;
+  const auto gate = MakePipelineGate(co);
+  RemoteEndpoint head(nodes.servers[0]->bound_address(), co, gate);
+  RemoteEndpoint tail(nodes.servers[1]->bound_address(), co, gate);
+  OpenAll(head, tail);
+  shard::BoundaryBundle b0;
+  std::thread([&] { b0 = std::get<shard::BoundaryBundle>(head.Step(Decode(0))); }).join();
+  node::Batcher& tail_batcher = nodes.mesh.node(1).batcher();
+  tail_batcher.Hold();
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { tail.Step(TailDecode(0, b0)); });
+  tail_batcher.WaitPending(1);  // the tail's call is out
+  const std::string before = nodes.Observed();
+  for (int i = 1; i < kSessions; ++i) threads.emplace_back([&, i] { head.Step(Decode(i)); });
+  Until([&] { return gate->waiters() == 1 && head.steps_waiting() == kSessions - 1; });
+  EXPECT_EQ(gate->holders(), 1);
+  EXPECT_EQ(nodes.Observed(), before);  // the head computed nothing meanwhile
+  tail_batcher.Resume();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(nodes.Observed(), before + "th");
+  EXPECT_EQ(nodes.servers[0]->counters().grouped_steps.load(), kSessions - 1);
+  EXPECT_EQ(nodes.servers[0]->counters().grouped_calls.load(), 1);
+  EXPECT_EQ(gate->holders(), 0);
+}
+
+// A free place goes to the call to the earliest layers.
+TEST(PipelineDepthTest, TheEarliestLayersGoFirst) {
+  TwoNodes nodes;
+  ClientOptions co;
+  co.pipeline_depth = 1;
+  const auto gate = MakePipelineGate(co);
+  RemoteEndpoint head(nodes.servers[0]->bound_address(), co, gate);
+  RemoteEndpoint tail(nodes.servers[1]->bound_address(), co, gate);
+  OpenAll(head, tail);
+  shard::BoundaryBundle b0;
+  std::thread([&] { b0 = std::get<shard::BoundaryBundle>(head.Step(Decode(0))); }).join();
+  const std::string before = nodes.Observed();
+  gate->Acquire(0);  // the test holds the only place
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { tail.Step(TailDecode(0, b0)); });  // rank 2: first in line
+  Until([&] { return gate->waiters() == 1; });
+  threads.emplace_back([&] { head.Step(Decode(1)); });  // rank 0
+  Until([&] { return gate->waiters() == 2; });
+  gate->Release();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(nodes.Observed(), before + "ht");
+}
+
+// The members of a group call go on to the next node as one call: its
+// leader counts them in transit before they wake (before, a member woken
+// first led the next call before its siblings were counted, and went alone).
+TEST(PipelineDepthTest, AGroupGoesOnAsOneCall) {
+  TwoNodes nodes;
+  ClientOptions co;
+  co.transit_wait_s = 30;  // scheduling never ends the wait here; the count does
+  RemoteEndpoint head(nodes.servers[0]->bound_address(), co);
+  RemoteEndpoint tail(nodes.servers[1]->bound_address(), co);
+  // A thread whose step came back is in transit until it steps again or ends
+  // a session: this one's steps in earlier tests of the process end here.
+  head.Release(SessionId(9), "secret", 0);
+  OpenAll(head, tail);
+  node::Batcher& head_batcher = nodes.mesh.node(0).batcher();
+  head_batcher.Hold();
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { head.Step(Decode(0)); });  // session 0 stops after the head
+  head_batcher.WaitPending(1);
+  for (int i = 1; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      auto b = std::get<shard::BoundaryBundle>(head.Step(Decode(i)));
+      tail.Step(TailDecode(i, std::move(b)));
+    });
+  }
+  Until([&] { return head.steps_waiting() == kSessions - 1; });
+  head_batcher.Resume();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(nodes.servers[1]->counters().grouped_calls.load(), 1);
+  EXPECT_EQ(nodes.servers[1]->counters().grouped_steps.load(), kSessions - 1);
+}
+
+TEST(PipelineDepthTest, RefusesBadOptions) {
+  ClientOptions co;
+  co.pipeline_depth = -1;
+  EXPECT_THROW(co.Validate(), Error);
+  co.pipeline_depth = 0;
+  EXPECT_EQ(MakePipelineGate(co), nullptr);
+  co.transit_wait_s = -1;
+  EXPECT_THROW(co.Validate(), Error);
+}
+
 }  // namespace
 }  // namespace meshnet::rpc
