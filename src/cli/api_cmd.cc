@@ -257,14 +257,7 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--node-tls-key", nc.tls_key, "Client private key (PEM) for the nodes");
   sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes/--registry")
       ->capture_default_str();
-  sub->add_option(
-         "--pipeline-depth", f->pipeline_depth,
-         "Grouped step calls in flight at once over the nodes, the call to the earliest layers "
-         "first (0 = no limit: every node computes at once, for nodes on machines of their "
-         "own; 1 = all sessions as one batch through one node at a time, for nodes sharing "
-         "a machine's cores)")
-      ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
+  AddPipelineDepthFlag(sub, &f->pipeline_depth);
   sub->add_option("--api-key", f->api_key,
                   "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");
   sub->add_option("--tls-cert", f->tls_cert, "Serve HTTPS with this certificate (PEM)");

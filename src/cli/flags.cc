@@ -67,6 +67,17 @@ void AddServerSecurityFlags(CLI::App* sub, ServerSecurityFlags* f, const std::st
   sub->add_option("--tls-ca", f->tls_ca, "CA (PEM) for client certificates: mutual TLS");
 }
 
+void AddPipelineDepthFlag(CLI::App* sub, int* depth) {
+  sub->add_option(
+         "--pipeline-depth", *depth,
+         "Grouped step calls in flight at once over the nodes, the call to the earliest layers "
+         "first (0 = no limit: every node computes at once, for nodes on machines of their "
+         "own; 1 = all sessions as one batch through one node at a time, for nodes sharing "
+         "a machine's cores)")
+      ->check(CLI::Range(0, kMaxPipelineDepth))
+      ->capture_default_str();
+}
+
 void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f) {
   sub->add_option("--etcd-ca", f->ca_file,
                   "With --registry etcds://...: CA (PEM) of etcd's server certificate. Without "

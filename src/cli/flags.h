@@ -87,4 +87,9 @@ void CopyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions* o) {
 // for an etcd with auth. Every command that takes --registry has them.
 void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f);
 
+// --pipeline-depth (rpc::ClientOptions::pipeline_depth), for the commands that
+// drive sessions over nodes.
+inline constexpr int kMaxPipelineDepth = 1024;
+void AddPipelineDepthFlag(CLI::App* sub, int* depth);
+
 }  // namespace meshnet::cli

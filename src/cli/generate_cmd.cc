@@ -309,14 +309,7 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
   sub->add_option("--timeout", f->timeout_s,
                   "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
       ->capture_default_str();
-  sub->add_option(
-         "--pipeline-depth", f->pipeline_depth,
-         "Grouped step calls in flight at once over the nodes, the call to the earliest layers "
-         "first (0 = no limit: every node computes at once, for nodes on machines of their "
-         "own; 1 = all sessions as one batch through one node at a time, for nodes sharing "
-         "a machine's cores)")
-      ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
+  AddPipelineDepthFlag(sub, &f->pipeline_depth);
   return sessions;
 }
 

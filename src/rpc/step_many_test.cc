@@ -279,18 +279,31 @@ void OpenAll(RemoteEndpoint& head, RemoteEndpoint& tail) {
   }).join();
 }
 
+// Both nodes behind one client with pipeline_depth 1, every session open,
+// and session 0's head answer for its tail step.
+class PipelineDepthOneTest : public ::testing::Test {
+ protected:
+  PipelineDepthOneTest()
+      : gate(MakePipelineGate(Options())),
+        head(nodes.servers[0]->bound_address(), Options(), gate),
+        tail(nodes.servers[1]->bound_address(), Options(), gate) {
+    OpenAll(head, tail);
+    std::thread([&] { b0 = std::get<shard::BoundaryBundle>(head.Step(Decode(0))); }).join();
+  }
+  static ClientOptions Options() {
+    ClientOptions co;
+    co.pipeline_depth = 1;
+    return co;
+  }
+  TwoNodes nodes;
+  std::shared_ptr<util::RankGate> gate;
+  RemoteEndpoint head, tail;
+  shard::BoundaryBundle b0;
+};
+
 // pipeline_depth 1: while a call to the tail is out, the head's next call
 // waits (the steps that come meanwhile join it), and goes when that one ends.
-TEST(PipelineDepthTest, OneCallOutAtATime) {
-  TwoNodes nodes;
-  ClientOptions co;
-  co.pipeline_depth = 1;
-  const auto gate = MakePipelineGate(co);
-  RemoteEndpoint head(nodes.servers[0]->bound_address(), co, gate);
-  RemoteEndpoint tail(nodes.servers[1]->bound_address(), co, gate);
-  OpenAll(head, tail);
-  shard::BoundaryBundle b0;
-  std::thread([&] { b0 = std::get<shard::BoundaryBundle>(head.Step(Decode(0))); }).join();
+TEST_F(PipelineDepthOneTest, OneCallOutAtATime) {
   node::Batcher& tail_batcher = nodes.mesh.node(1).batcher();
   tail_batcher.Hold();
   std::vector<std::thread> threads;
@@ -310,16 +323,7 @@ TEST(PipelineDepthTest, OneCallOutAtATime) {
 }
 
 // A free place goes to the call to the earliest layers.
-TEST(PipelineDepthTest, TheEarliestLayersGoFirst) {
-  TwoNodes nodes;
-  ClientOptions co;
-  co.pipeline_depth = 1;
-  const auto gate = MakePipelineGate(co);
-  RemoteEndpoint head(nodes.servers[0]->bound_address(), co, gate);
-  RemoteEndpoint tail(nodes.servers[1]->bound_address(), co, gate);
-  OpenAll(head, tail);
-  shard::BoundaryBundle b0;
-  std::thread([&] { b0 = std::get<shard::BoundaryBundle>(head.Step(Decode(0))); }).join();
+TEST_F(PipelineDepthOneTest, TheEarliestLayersGoFirst) {
   const std::string before = nodes.Observed();
   gate->Acquire(0);  // the test holds the only place
   std::vector<std::thread> threads;
