@@ -6,6 +6,7 @@
 // batch_ and read by its caller once `finished` is set (both under mu_).
 #include "node/batcher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -30,7 +31,6 @@ std::exception_ptr CancelledError() {
 }  // namespace
 
 struct Batcher::Item {
-  explicit Item(Mutex* mu) : wake(mu) {}
   shard::PendingStep* step = nullptr;
   std::string_view session_id;
   const std::function<bool()>* cancel = nullptr;  // the caller's check, may be null
@@ -39,8 +39,8 @@ struct Batcher::Item {
   int64_t cohort = -1;                            // CohortTracker number (-1: none)
   bool finished = false;
   std::exception_ptr error;
-  Item* next = nullptr;  // queue link
-  CondVar wake;          // finished, or handed the lead
+  Item* next = nullptr;     // queue link
+  CondVar* wake = nullptr;  // its caller's: finished, or handed the lead
 };
 
 Batcher::Batcher(const shard::LlamaShard* shard, BatchOptions options)
@@ -98,31 +98,79 @@ void Batcher::CountArrivalLocked() {
 }
 
 void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
-  Item self(&mu_);
+  CondVar wake(&mu_);
+  Item self;
   self.step = step;
   self.session_id = session_id;
   self.cancel = shard::CurrentStepCancel();
+  self.wake = &wake;
   if (options_.max_batch_sessions == 1) return RunAlone(self);
+  Item* const mine[] = {&self};
   {
     MutexLock lock(&mu_);
     CountArrivalLocked();
     PushLocked(&self);
     NoteReturnLocked(self);
     queued_.SignalAll();
-    while (!self.finished) {
-      if (!running_ && !held_) {
-        LeadLocked(self);
-      } else {
-        self.wake.Wait();
-      }
-    }
+    WaitOrLeadLocked(mine, &wake);
   }
   if (self.error) std::rethrow_exception(self.error);
 }
 
-void Batcher::LeadLocked(Item& self) {
+void Batcher::RunMany(std::span<shard::PendingStep* const> steps,
+                      std::span<const std::string_view> session_ids,
+                      std::span<std::exception_ptr> errors) {
+  if (options_.max_batch_sessions == 1) {  // each on its own, as Run would
+    for (size_t i = 0; i < steps.size(); ++i) {
+      try {
+        Run(steps[i], session_ids[i]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+    return;
+  }
+  CondVar wake(&mu_);
+  std::vector<Item> items(steps.size());
+  std::vector<Item*> mine;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    items[i].step = steps[i];
+    items[i].session_id = session_ids[i];
+    items[i].cancel = shard::CurrentStepCancel();
+    items[i].wake = &wake;
+    mine.push_back(&items[i]);
+  }
+  {
+    MutexLock lock(&mu_);
+    for (Item* it : mine) {
+      PushLocked(it);
+      NoteReturnLocked(*it);
+    }
+    queued_.SignalAll();
+    WaitOrLeadLocked(mine, &wake);
+  }
+  for (size_t i = 0; i < items.size(); ++i) errors[i] = items[i].error;
+}
+
+void Batcher::WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) {
+  auto finished = [&] {
+    return std::all_of(mine.begin(), mine.end(), [](const Item* it) { return it->finished; });
+  };
+  while (!finished()) {
+    if (!running_ && !held_) {
+      LeadLocked(mine);
+    } else {
+      wake->Wait();
+    }
+  }
+}
+
+void Batcher::LeadLocked(std::span<Item* const> mine) {
   running_ = true;
-  while (!self.finished && !held_ && head_ != nullptr) {
+  auto finished = [&] {
+    return std::all_of(mine.begin(), mine.end(), [](const Item* it) { return it->finished; });
+  };
+  while (!finished() && !held_ && head_ != nullptr) {
     RegroupLocked();
     FormLocked();
     if (batch_.empty()) continue;  // every step formed was cancelled
@@ -143,7 +191,7 @@ void Batcher::LeadLocked(Item& self) {
   }
   running_ = false;
   // The oldest waiting step leads next (its caller is asleep on its CondVar).
-  if (head_ != nullptr && !held_) head_->wake.Signal();
+  if (head_ != nullptr && !held_) head_->wake->Signal();
 }
 
 void Batcher::DropCancelledLocked() {
@@ -157,7 +205,7 @@ void Batcher::DropCancelledLocked() {
       it->next = nullptr;
       it->error = CancelledError();
       it->finished = true;
-      it->wake.Signal();
+      it->wake->Signal();
     } else {
       prev = it;
     }
@@ -206,7 +254,7 @@ void Batcher::CompleteLocked(double seconds) {
     it->done += it->take;
     if (it->error || it->done == it->step->n_new) {
       it->finished = true;
-      it->wake.Signal();
+      it->wake->Signal();
       if (!it->error && IsDecode(*it->step)) {  // the new cohort
         finished_.push_back(std::hash<std::string_view>()(it->session_id));
       }
@@ -408,7 +456,7 @@ void Batcher::Resume() {
   MutexLock lock(&mu_);
   held_ = false;
   resumed_.SignalAll();
-  if (!running_ && head_ != nullptr) head_->wake.Signal();
+  if (!running_ && head_ != nullptr) head_->wake->Signal();
 }
 
 void Batcher::WaitPending(int64_t n) {

@@ -63,7 +63,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,6 +109,13 @@ class Batcher {
   // other callers' steps; returns when done. Throws Error(kUnavailable) when
   // the calling thread's step is cancelled before its last rows ran.
   void Run(shard::PendingStep* step, std::string_view session_id) EXCLUDES(mu_);
+  // Run for several steps of the calling thread at once (a StepMany call's
+  // decode steps, node::NodeCore::StepMany): all queued together, so they go
+  // into one batch without a thread each; errors[i] is step i's failure, or
+  // null. The sessions must differ.
+  void RunMany(std::span<shard::PendingStep* const> steps,
+               std::span<const std::string_view> session_ids, std::span<std::exception_ptr> errors)
+      EXCLUDES(mu_);
 
   // Steps that come together (a StepMany call, rpc/server.cc): the caller
   // announces `n` of them, then runs each on a thread that holds an Arrival
@@ -157,8 +166,11 @@ class Batcher {
   // feeds the cost model with the batch's `seconds`.
   void CompleteLocked(double seconds) REQUIRES(mu_);
   void CountBatch(int64_t rows, int64_t steps, double seconds);
-  // As leader: runs batches until `self` is done (or the queue is held).
-  void LeadLocked(Item& self) REQUIRES(mu_);
+  // As leader: runs batches until the caller's steps `mine` are done (or the
+  // queue is held).
+  void LeadLocked(std::span<Item* const> mine) REQUIRES(mu_);
+  // Until `mine` are done: leads when nobody does, else waits on `wake`.
+  void WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) REQUIRES(mu_);
   // max_batch_sessions 1: runs `self` on this thread, concurrently with others.
   void RunAlone(Item& self) EXCLUDES(mu_);
   void PushLocked(Item* item) REQUIRES(mu_);

@@ -143,6 +143,48 @@ TEST(Batcher, BatchedLogitsMatchUnbatchedWithinTolerance) {
   EXPECT_EQ(node.batcher().stats().max_sessions.load(), kSessions);
 }
 
+// Node::StepMany (Batcher::RunMany): the decode steps of several sessions
+// from one thread form one batch, with Step's answers; a miss and a bad
+// request among them are their own and leave the others unchanged.
+TEST(Batcher, StepManyFromOneThreadIsOneBatch) {
+  ThreadPool pool(2);
+  Node node(File(), WholeModel(), &pool);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), &pool);
+  constexpr int kSessions = 5;
+  std::vector<std::string> ids;
+  std::vector<StepRequest> reqs;
+  for (int i = 0; i < kSessions; ++i) {
+    ids.push_back(RandomId128());
+    StepRequest p = Prefill(ids[i], PromptOf(i, 3 + i));
+    StepOf(node, p);
+    const StepResult first = StepOf(alone, p);
+    reqs.push_back(Decode(ids[i], Tail(first).token_id, 3 + i));
+  }
+  std::vector<StepResult> want;
+  for (auto r : reqs) want.push_back(alone.Step(r));
+  reqs.push_back(Decode(RandomId128(), 300, 4));  // never opened: a miss
+  const std::string extra = RandomId128();
+  StepOf(node, Prefill(extra, PromptOf(9, 3)));
+  reqs.push_back(Decode(extra, 1 << 30, 3));  // outside the vocabulary
+  Recorder rec(node);
+  std::vector<StepRequest*> ptrs;
+  for (auto& r : reqs) ptrs.push_back(&r);
+  std::vector<std::optional<StepResult>> got(reqs.size());
+  std::vector<std::exception_ptr> errors(reqs.size());
+  node.StepMany(ptrs, got, errors);
+  const std::vector<BatchView> batches = rec.Take();
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].session_ids, ids);
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_FALSE(errors[i]) << i;
+    ExpectLogitsNear(*got[i], want[i], "session " + std::to_string(i));
+  }
+  ASSERT_TRUE(got[kSessions]);
+  EXPECT_TRUE(std::holds_alternative<kv::CacheMiss>(*got[kSessions]));
+  EXPECT_TRUE(errors[kSessions + 1]);
+  EXPECT_FALSE(got[kSessions + 1]);
+}
+
 // A 18-token prompt with prefill_chunk 4 runs in 5 batches; another session's
 // decode step queued behind it rides in the first one and is done then
 // (prefill_share 0: only prefill_chunk bounds the chunks here; the time bound

@@ -77,6 +77,51 @@ StepResult Node::Step(StepRequest& request) {
   return adapter_->Finish(pending);
 }
 
+void Node::StepMany(std::span<StepRequest* const> requests,
+                    std::span<std::optional<StepResult>> results,
+                    std::span<std::exception_ptr> errors) {
+  const size_t n = requests.size();
+  std::vector<std::optional<shard::BeginResult>> begun(n);
+  std::vector<shard::PendingStep*> pending;
+  std::vector<std::string_view> ids;
+  std::vector<size_t> at;  // pending[k] is step at[k]
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      StepRequest& r = *requests[i];
+      shard::StepInput input;
+      input.token_ids = TokensOf(r);
+      if (r.bundle) input.bundle = &*r.bundle;
+      begun[i].emplace(r.prefill
+                           ? adapter_->BeginPrefill(r.session_id, r.route_epoch, input, r.sampling)
+                           : adapter_->BeginDecode(r.session_id, r.route_epoch, input,
+                                                   r.expected_seq_len, r.sampling));
+      if (auto* miss = std::get_if<kv::CacheMiss>(&*begun[i])) {
+        results[i] = std::move(*miss);
+        continue;
+      }
+      pending.push_back(&std::get<shard::PendingStep>(*begun[i]));
+      ids.push_back(r.session_id);
+      at.push_back(i);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }
+  std::vector<std::exception_ptr> ran(pending.size());
+  if (!pending.empty()) batcher_->RunMany(pending, ids, ran);
+  for (size_t k = 0; k < pending.size(); ++k) {
+    const size_t i = at[k];
+    if (ran[k]) {
+      errors[i] = ran[k];
+      continue;
+    }
+    try {
+      results[i] = adapter_->Finish(*pending[k]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }
+}
+
 bool Node::Release(const std::string& session_id, int64_t route_epoch) {
   return manager_->Release(session_id, route_epoch);
 }

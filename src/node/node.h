@@ -13,8 +13,10 @@
 // kSessionBusy); construction and destruction are single-threaded.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "gguf/gguf_reader.h"
@@ -71,6 +73,11 @@ class Node {
   // and sampling stay on the calling thread. A CacheMiss is a value. Takes
   // the bundle's residual buffer over.
   StepResult Step(StepRequest& request);
+  // Step for several sessions' steps at once (distinct sessions), their rows
+  // queued in the batcher together from this thread (Batcher::RunMany):
+  // results[i], or errors[i] when step i threw.
+  void StepMany(std::span<StepRequest* const> requests,
+                std::span<std::optional<StepResult>> results, std::span<std::exception_ptr> errors);
   // Drops the session's state at this epoch; whether it was held. Throws
   // kInvalidArgument for a malformed key.
   bool Release(const std::string& session_id, int64_t route_epoch);

@@ -380,6 +380,67 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
   }
 }
 
+void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
+                        std::span<std::optional<StepReply>> replies,
+                        std::span<std::exception_ptr> errors) {
+  const auto t0 = Clock::now();
+  const size_t n = requests.size();
+  std::vector<Flight> flights(n);
+  std::vector<StepRequest*> run;
+  std::vector<size_t> at;  // run[k] is step at[k]
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      StepRequest& r = requests[i];
+      if (r.prefill) ThrowInvalidArgument("StepMany's batch path takes decode steps only");
+      Validate(r);
+      flights[i].epoch = r.route_epoch;
+      flights[i].step_id = r.step_id;
+      flights[i].digest = RequestDigest(r, formats[i]);
+      if (std::optional<StepReply> answered = BeginFlight(r, &flights[i])) {
+        (answered->replayed ? counters_.steps_replayed : counters_.steps_miss)
+            .fetch_add(1, std::memory_order_relaxed);
+        replies[i] = std::move(*answered);
+        continue;
+      }
+      run.push_back(&r);
+      at.push_back(i);
+    } catch (const Error& e) {
+      counters_.CountError(e.kind());
+      errors[i] = std::current_exception();
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }
+  std::vector<std::optional<StepResult>> results(run.size());
+  std::vector<std::exception_ptr> failed(run.size());
+  const auto c0 = Clock::now();
+  if (!run.empty()) node_->StepMany(run, results, failed);
+  const int64_t compute_micros = MicrosSince(c0);
+  for (size_t k = 0; k < run.size(); ++k) {
+    const size_t i = at[k];
+    if (failed[k]) {
+      EndFlight(flights[i], formats[i], nullptr);
+      errors[i] = failed[k];
+      try {
+        std::rethrow_exception(failed[k]);
+      } catch (const Error& e) {
+        counters_.CountError(e.kind());
+      } catch (...) {
+      }
+      continue;
+    }
+    StepReply reply;
+    reply.result = std::move(*results[k]);
+    reply.compute_micros = compute_micros;
+    EndFlight(flights[i], formats[i], &reply);
+    admission_.Touch(requests[i].session_id);
+    counters_.CountResult(reply.result);
+    counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
+    replies[i] = std::move(reply);
+  }
+  if (!run.empty()) NotePeak();
+}
+
 TruncateReply NodeCore::Truncate(const std::string& session_id, const std::string& secret,
                                  int64_t route_epoch, int64_t length) {
   ValidateSessionKey(session_id, secret, route_epoch);

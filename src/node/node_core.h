@@ -29,9 +29,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -116,6 +118,13 @@ class NodeCore {
   NodeInfo Info();
   // Throws meshnet::Error; a CacheMiss is a value in the reply.
   StepReply Step(StepRequest request, const ReplyFormat& format = {});
+  // Step for the decode steps of several sessions (a StepMany call; distinct
+  // sessions, no prefill), each with its own checks, flight, reply and
+  // counters as Step, on this thread; the ones that compute are queued in
+  // the batcher together (Node::StepMany), so they need no thread each.
+  // replies[i], or errors[i] with what Step would have thrown.
+  void StepMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
+                std::span<std::optional<StepReply>> replies, std::span<std::exception_ptr> errors);
   TruncateReply Truncate(const std::string& session_id, const std::string& secret,
                          int64_t route_epoch, int64_t length);
   // Whether state was held.

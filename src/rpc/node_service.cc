@@ -12,24 +12,72 @@ NodeService::NodeService(node::Node* node, node::NodeCoreOptions options) : core
 
 void NodeService::Info(pb::InfoResponse* out) { EncodeNodeInfo(core_.Info(), out); }
 
-void NodeService::Step(const pb::StepRequest& request, pb::StepResponse* response) {
-  node::StepRequest r;
-  node::ReplyFormat format;
+namespace {
+
+void EncodeReply(const node::StepReply& reply, int64_t route_epoch, const node::ReplyFormat& format,
+                 pb::StepResponse* response) {
+  EncodeStepResult(reply.result, route_epoch, format.bundle_dtype, format.want_logits, response);
+  response->set_compute_micros(reply.compute_micros);
+  response->set_replayed(reply.replayed);
+}
+
+}  // namespace
+
+void NodeService::Decode(const pb::StepRequest& request, node::StepRequest* r,
+                         node::ReplyFormat* format) {
   try {
-    r = DecodeStepRequest(request);
+    *r = DecodeStepRequest(request);
     if (request.output_dtype() != pb::DTYPE_UNSPECIFIED) {
-      format.bundle_dtype = FromWireDtype(request.output_dtype());
+      format->bundle_dtype = FromWireDtype(request.output_dtype());
     }
-    format.want_logits = !request.omit_logits();
+    format->want_logits = !request.omit_logits();
   } catch (const Error& e) {
     core_.counters().CountError(e.kind());
     throw;
   }
-  const node::StepReply reply = core_.Step(std::move(r), format);
-  EncodeStepResult(reply.result, request.route_epoch(), format.bundle_dtype, format.want_logits,
-                   response);
-  response->set_compute_micros(reply.compute_micros);
-  response->set_replayed(reply.replayed);
+}
+
+void NodeService::Step(const pb::StepRequest& request, pb::StepResponse* response) {
+  node::StepRequest r;
+  node::ReplyFormat format;
+  Decode(request, &r, &format);
+  EncodeReply(core_.Step(std::move(r), format), request.route_epoch(), format, response);
+}
+
+void NodeService::StepMany(const pb::StepManyRequest& request, std::span<const int> which,
+                           pb::StepManyResponse* out, std::span<std::exception_ptr> errors) {
+  std::vector<node::StepRequest> rs;
+  std::vector<node::ReplyFormat> formats;
+  std::vector<int> at;  // rs[k] is step at[k]
+  for (const int i : which) {
+    node::StepRequest r;
+    node::ReplyFormat format;
+    try {
+      Decode(request.steps(i), &r, &format);
+    } catch (...) {
+      errors[i] = std::current_exception();
+      continue;
+    }
+    rs.push_back(std::move(r));
+    formats.push_back(format);
+    at.push_back(i);
+  }
+  std::vector<std::optional<node::StepReply>> replies(rs.size());
+  std::vector<std::exception_ptr> failed(rs.size());
+  core_.StepMany(rs, formats, replies, failed);
+  for (size_t k = 0; k < rs.size(); ++k) {
+    const int i = at[k];
+    if (failed[k]) {
+      errors[i] = failed[k];
+      continue;
+    }
+    try {
+      EncodeReply(*replies[k], request.steps(i).route_epoch(), formats[k],
+                  out->mutable_outcomes(i)->mutable_response());
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }
 }
 
 void NodeService::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response) {

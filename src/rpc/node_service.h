@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <span>
 
 #include "node/node.h"
 #include "node/node_core.h"
@@ -27,6 +29,11 @@ class NodeService {
   // Throws meshnet::Error (the server maps it to a status); a CacheMiss goes
   // into response->miss (status OK).
   void Step(const pb::StepRequest& request, pb::StepResponse* response);
+  // Steps `which` of a StepMany call (decode steps of distinct sessions) in
+  // one go (node::NodeCore::StepMany): step i's answer into out's outcome i,
+  // or errors[i] with what Step would have thrown for it.
+  void StepMany(const pb::StepManyRequest& request, std::span<const int> which,
+                pb::StepManyResponse* out, std::span<std::exception_ptr> errors);
   void Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response);
   void Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response);
   // Session migration (rpc/migrate.h, rpc/drain.h). `write` / `read` return
@@ -48,6 +55,9 @@ class NodeService {
   int64_t bindings() const { return core_.bindings(); }
 
  private:
+  // The wire request as the core's, counting a malformed one; throws.
+  void Decode(const pb::StepRequest& request, node::StepRequest* r, node::ReplyFormat* format);
+
   node::NodeCore core_;
   ClientOptions peers_;
   mutable Mutex hooks_mu_;  // the hooks are set while the node serves

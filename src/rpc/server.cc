@@ -13,8 +13,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <exception>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -130,8 +133,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
   }
 
   // Each step as its own Step call would run (auth checked once, each step
-  // under its own per-peer slot and cancel check), all at once on the fanout's
-  // threads so that the batcher sees them together.
+  // under its own per-peer slot and cancel check). Decode steps of distinct
+  // sessions (what clients group) run from this thread, queued in the
+  // batcher together (StepManyHere); any other call runs its steps all at
+  // once on the fanout's threads, so that the batcher sees them together.
   grpc::Status StepMany(grpc::ServerContext* ctx, const pb::StepManyRequest* req,
                         pb::StepManyResponse* out) override {
     if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
@@ -148,6 +153,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
     for (int i = 0; i < n; ++i) out->add_outcomes();
     NoteMessageBytes(req->ByteSizeLong());  // on the handler's thread, which ends the call
     const std::string peer = PeerKey(*ctx);
+    if (DecodeStepsOfDistinctSessions(*req)) {
+      StepManyHere(ctx, peer, *req, out);
+      return grpc::Status::OK;
+    }
     // The batch waits for the call's decode steps, not for its prompts (which
     // may wait for an admission slot first).
     node::Batcher& batcher = core_->core().node().batcher();
@@ -157,20 +166,68 @@ class MeshNodeService final : public pb::MeshNode::Service {
       pb::StepOutcome& o = *out->mutable_outcomes(static_cast<int>(i));
       std::optional<node::Batcher::Arrival> arrival;
       if (!req->steps(static_cast<int>(i)).prefill()) arrival.emplace(&batcher);
-      // What the step's own call would end with (RunToStatus), not on ctx,
-      // which the other steps share.
-      std::optional<ErrorKind> kind;
-      const grpc::Status s = RunCaught(
-          *ctx, "call_failed", /*info=*/false,
+      SetOutcome(
+          *ctx,
           [&] { LimitedStep(ctx, peer, req->steps(static_cast<int>(i)), o.mutable_response()); },
-          &kind);
-      if (s.ok()) return;
-      o.clear_response();
-      o.set_code(s.error_code());
-      o.set_kind(kind ? std::string(ErrorKindName(*kind)) : "");
-      o.set_message(s.error_message());
+          &o);
     });
     return grpc::Status::OK;
+  }
+
+  // Decode steps only (no prompt, which may wait for an admission slot), each
+  // of its own session: the call can run on the handler's thread alone.
+  static bool DecodeStepsOfDistinctSessions(const pb::StepManyRequest& req) {
+    std::set<std::string_view> seen;
+    for (const pb::StepRequest& r : req.steps()) {
+      if (r.prefill() || !seen.insert(r.session_id()).second) return false;
+    }
+    return true;
+  }
+
+  // The steps of a StepMany call as their own calls would run them (each
+  // under its own per-peer slot; one cancel check, the call's), on this
+  // thread: their checks and answers one after another, their rows queued
+  // in the batcher at once (NodeService::StepMany).
+  void StepManyHere(grpc::ServerContext* ctx, const std::string& peer,
+                    const pb::StepManyRequest& req, pb::StepManyResponse* out) {
+    const int n = req.steps_size();
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+    std::deque<PeerLimits::Slot> slots;
+    std::vector<int> which;
+    for (int i = 0; i < n; ++i) {
+      try {
+        slots.emplace_back(&peers_, peer);
+        which.push_back(i);
+      } catch (...) {
+        errors[static_cast<size_t>(i)] = std::current_exception();
+      }
+    }
+    {
+      shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+      in_flight_.fetch_add(static_cast<int64_t>(which.size()), std::memory_order_relaxed);
+      core_->StepMany(req, which, out, errors);
+      in_flight_.fetch_sub(static_cast<int64_t>(which.size()), std::memory_order_relaxed);
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::exception_ptr& e = errors[static_cast<size_t>(i)];
+      if (e)
+        SetOutcome(
+            *ctx, [&] { std::rethrow_exception(e); }, out->mutable_outcomes(i));
+    }
+  }
+
+  // Runs `body` (one step of a StepMany) and sets its outcome to what the
+  // step's own call would end with (RunToStatus), not on ctx, which the
+  // other steps share.
+  static void SetOutcome(const grpc::ServerContext& ctx, const std::function<void()>& body,
+                         pb::StepOutcome* o) {
+    std::optional<ErrorKind> kind;
+    const grpc::Status s = RunCaught(ctx, "call_failed", /*info=*/false, body, &kind);
+    if (s.ok()) return;
+    o->clear_response();
+    o->set_code(s.error_code());
+    o->set_kind(kind ? std::string(ErrorKindName(*kind)) : "");
+    o->set_message(s.error_message());
   }
 
   grpc::Status StepStream(
