@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <stdexcept>
 
 #include "node/identity.h"
 #include "shard/step_cancel.h"
@@ -380,15 +381,10 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
   }
 }
 
-void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
-                        std::span<std::optional<StepReply>> replies,
-                        std::span<std::exception_ptr> errors) {
-  const auto t0 = Clock::now();
-  const size_t n = requests.size();
-  std::vector<Flight> flights(n);
-  std::vector<StepRequest*> run;
-  std::vector<size_t> at;  // run[k] is step at[k]
-  for (size_t i = 0; i < n; ++i) {
+void NodeCore::BeginMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
+                         std::span<Flight> flights, std::span<std::optional<StepReply>> replies,
+                         std::span<std::exception_ptr> errors, std::vector<size_t>* run) {
+  for (size_t i = 0; i < requests.size(); ++i) {
     try {
       StepRequest& r = requests[i];
       if (r.prefill) ThrowInvalidArgument("StepMany's batch path takes decode steps only");
@@ -402,8 +398,7 @@ void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFo
         replies[i] = std::move(*answered);
         continue;
       }
-      run.push_back(&r);
-      at.push_back(i);
+      run->push_back(i);  // reserved: cannot throw
     } catch (const Error& e) {
       counters_.CountError(e.kind());
       errors[i] = std::current_exception();
@@ -411,22 +406,42 @@ void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFo
       errors[i] = std::current_exception();
     }
   }
-  std::vector<std::optional<StepResult>> results(run.size());
-  std::vector<std::exception_ptr> failed(run.size());
+}
+
+void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
+                        std::span<std::optional<StepReply>> replies,
+                        std::span<std::exception_ptr> errors) {
+  const auto t0 = Clock::now();
+  const size_t n = requests.size();
+  // Allocated before any flight begins: nothing below can fail to end one.
+  std::vector<Flight> flights(n);
+  std::vector<size_t> run;  // the steps that compute
+  run.reserve(n);
+  std::vector<StepRequest*> ptrs(n);
+  std::vector<std::optional<StepResult>> results(n);
+  std::vector<std::exception_ptr> failed(n);
+  BeginMany(requests, formats, flights, replies, errors, &run);
+  const size_t m = run.size();
+  for (size_t k = 0; k < m; ++k) ptrs[k] = &requests[run[k]];
   const auto c0 = Clock::now();
-  if (!run.empty()) node_->StepMany(run, results, failed);
+  try {
+    if (m > 0)
+      node_->StepMany(std::span(ptrs).first(m), std::span(results).first(m),
+                      std::span(failed).first(m));
+  } catch (...) {  // e.g. out of memory: every begun flight still ends below
+    for (size_t k = 0; k < m; ++k) {
+      if (!results[k] && !failed[k]) failed[k] = std::current_exception();
+    }
+  }
   const int64_t compute_micros = MicrosSince(c0);
-  for (size_t k = 0; k < run.size(); ++k) {
-    const size_t i = at[k];
-    if (failed[k]) {
+  for (size_t k = 0; k < m; ++k) {
+    const size_t i = run[k];
+    if (failed[k] || !results[k]) {
       EndFlight(flights[i], formats[i], nullptr);
-      errors[i] = failed[k];
-      try {
-        std::rethrow_exception(failed[k]);
-      } catch (const Error& e) {
-        counters_.CountError(e.kind());
-      } catch (...) {
-      }
+      errors[i] = failed[k]
+                      ? failed[k]
+                      : std::make_exception_ptr(std::logic_error("step ended without a result"));
+      CountErrorOf(errors[i]);
       continue;
     }
     StepReply reply;
@@ -438,7 +453,16 @@ void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFo
     counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
     replies[i] = std::move(reply);
   }
-  if (!run.empty()) NotePeak();
+  if (m > 0) NotePeak();
+}
+
+void NodeCore::CountErrorOf(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& error) {
+    counters_.CountError(error.kind());
+  } catch (...) {
+  }
 }
 
 TruncateReply NodeCore::Truncate(const std::string& session_id, const std::string& secret,

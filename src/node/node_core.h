@@ -242,6 +242,12 @@ class NodeCore {
   // try, if any (kInvalidArgument if the step id was used for another request).
   std::optional<StepReply> ReplayLocked(Binding& b, const Flight& f) REQUIRES(mu_);
   StepReply RunFlight(StepRequest& r, const Flight& f, const ReplyFormat& format);
+  // StepMany's first part: each step's checks and flight; the indices of the
+  // steps left to compute go to `run` (reserved for every step).
+  void BeginMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
+                 std::span<Flight> flights, std::span<std::optional<StepReply>> replies,
+                 std::span<std::exception_ptr> errors, std::vector<size_t>* run);
+  void CountErrorOf(const std::exception_ptr& e);
   // Ends the flight; caches `reply` (when given) for retries.
   void EndFlight(const Flight& f, const ReplyFormat& format, const StepReply* reply) EXCLUDES(mu_);
   void CacheLocked(Binding& b, const Flight& f, const ReplyFormat& format, const StepReply& reply)
