@@ -204,9 +204,22 @@ class MeshNodeService final : public pb::MeshNode::Service {
     }
     {
       shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
-      in_flight_.fetch_add(static_cast<int64_t>(which.size()), std::memory_order_relaxed);
-      core_->StepMany(req, which, out, errors);
-      in_flight_.fetch_sub(static_cast<int64_t>(which.size()), std::memory_order_relaxed);
+      const auto running = static_cast<int64_t>(which.size());
+      in_flight_.fetch_add(running, std::memory_order_relaxed);
+      struct Done {
+        std::atomic<int64_t>* n;
+        int64_t k;
+        ~Done() { n->fetch_sub(k, std::memory_order_relaxed); }
+      } done{&in_flight_, running};
+      try {
+        core_->StepMany(req, which, out, errors);
+      } catch (...) {  // e.g. out of memory: the steps with neither answer nor error fail
+        for (const int i : which) {
+          if (!errors[static_cast<size_t>(i)] && !out->outcomes(i).has_response()) {
+            errors[static_cast<size_t>(i)] = std::current_exception();
+          }
+        }
+      }
     }
     for (int i = 0; i < n; ++i) {
       const std::exception_ptr& e = errors[static_cast<size_t>(i)];
