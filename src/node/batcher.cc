@@ -152,11 +152,12 @@ void Batcher::RunMany(std::span<shard::PendingStep* const> steps,
   for (size_t i = 0; i < items.size(); ++i) errors[i] = items[i].error;
 }
 
+bool Batcher::AllFinished(std::span<Item* const> items) {
+  return std::all_of(items.begin(), items.end(), [](const Item* it) { return it->finished; });
+}
+
 void Batcher::WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) {
-  auto finished = [&] {
-    return std::all_of(mine.begin(), mine.end(), [](const Item* it) { return it->finished; });
-  };
-  while (!finished()) {
+  while (!AllFinished(mine)) {
     if (!running_ && !held_) {
       LeadLocked(mine);
     } else {
@@ -167,10 +168,7 @@ void Batcher::WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) {
 
 void Batcher::LeadLocked(std::span<Item* const> mine) {
   running_ = true;
-  auto finished = [&] {
-    return std::all_of(mine.begin(), mine.end(), [](const Item* it) { return it->finished; });
-  };
-  while (!finished() && !held_ && head_ != nullptr) {
+  while (!AllFinished(mine) && !held_ && head_ != nullptr) {
     RegroupLocked();
     FormLocked();
     if (batch_.empty()) continue;  // every step formed was cancelled

@@ -169,6 +169,8 @@ class Batcher {
   // As leader: runs batches until the caller's steps `mine` are done (or the
   // queue is held).
   void LeadLocked(std::span<Item* const> mine) REQUIRES(mu_);
+  // Whether every one of `items` is done (read under mu_).
+  static bool AllFinished(std::span<Item* const> items);
   // Until `mine` are done: leads when nobody does, else waits on `wake`.
   void WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) REQUIRES(mu_);
   // max_batch_sessions 1: runs `self` on this thread, concurrently with others.

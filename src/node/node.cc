@@ -62,15 +62,18 @@ int64_t Node::Validate(const StepRequest& request) const {
                             request.prefill ? 0 : request.expected_seq_len, request.sampling);
 }
 
-StepResult Node::Step(StepRequest& request) {
+shard::BeginResult Node::Begin(StepRequest& request) {
   shard::StepInput input;
   input.token_ids = TokensOf(request);
   if (request.bundle) input.bundle = &*request.bundle;
-  shard::BeginResult begun =
-      request.prefill
-          ? adapter_->BeginPrefill(request.session_id, request.route_epoch, input, request.sampling)
-          : adapter_->BeginDecode(request.session_id, request.route_epoch, input,
-                                  request.expected_seq_len, request.sampling);
+  return request.prefill ? adapter_->BeginPrefill(request.session_id, request.route_epoch, input,
+                                                  request.sampling)
+                         : adapter_->BeginDecode(request.session_id, request.route_epoch, input,
+                                                 request.expected_seq_len, request.sampling);
+}
+
+StepResult Node::Step(StepRequest& request) {
+  shard::BeginResult begun = Begin(request);
   if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
   shard::PendingStep& pending = std::get<shard::PendingStep>(begun);
   batcher_->Run(&pending, request.session_id);
@@ -88,13 +91,7 @@ void Node::StepMany(std::span<StepRequest* const> requests,
   for (size_t i = 0; i < n; ++i) {
     try {
       StepRequest& r = *requests[i];
-      shard::StepInput input;
-      input.token_ids = TokensOf(r);
-      if (r.bundle) input.bundle = &*r.bundle;
-      begun[i].emplace(r.prefill
-                           ? adapter_->BeginPrefill(r.session_id, r.route_epoch, input, r.sampling)
-                           : adapter_->BeginDecode(r.session_id, r.route_epoch, input,
-                                                   r.expected_seq_len, r.sampling));
+      begun[i].emplace(Begin(r));
       if (auto* miss = std::get_if<kv::CacheMiss>(&*begun[i])) {
         results[i] = std::move(*miss);
         continue;

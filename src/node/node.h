@@ -83,6 +83,9 @@ class Node {
   bool Release(const std::string& session_id, int64_t route_epoch);
 
  private:
+  // Opens the step's context (prefill) or checks it (decode) and reserves
+  // its rows: the step to compute, or a miss.
+  shard::BeginResult Begin(StepRequest& request);
   std::string model_id_;
   std::unique_ptr<shard::LlamaShard> shard_;
   std::unique_ptr<kv::HotKvStateManager> manager_;

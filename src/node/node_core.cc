@@ -355,30 +355,38 @@ StepReply NodeCore::Step(StepRequest r, const ReplyFormat& format) {
     // whether its caller is still there.
     if (r.prefill) admission_.Admit(r.session_id, [] { return shard::StepCancelled(); });
     Flight f;
-    f.epoch = r.route_epoch;
-    f.step_id = r.step_id;
-    f.digest = RequestDigest(r, format);  // before the step takes the bundle over
-    if (std::optional<StepReply> answered = BeginFlight(r, &f)) {
-      if (answered->replayed) {
-        counters_.steps_replayed.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        counters_.steps_miss.fetch_add(1, std::memory_order_relaxed);
-      }
-      return std::move(*answered);
-    }
+    if (std::optional<StepReply> answered = OpenFlight(r, format, &f)) return std::move(*answered);
     StepReply reply = RunFlight(r, f, format);
-    admission_.Touch(r.session_id);
     if (r.prefill && !std::holds_alternative<kv::CacheMiss>(reply.result)) {
       counters_.prefill_tokens.fetch_add(n_tokens, std::memory_order_relaxed);
     }
     NotePeak();
-    counters_.CountResult(reply.result);
-    counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
+    NoteComputed(r, reply, t0);
     return reply;
   } catch (const Error& e) {
     counters_.CountError(e.kind());
     throw;
   }
+}
+
+std::optional<StepReply> NodeCore::OpenFlight(const StepRequest& r, const ReplyFormat& format,
+                                              Flight* f) {
+  f->epoch = r.route_epoch;
+  f->step_id = r.step_id;
+  f->digest = RequestDigest(r, format);  // before the step takes the bundle over
+  std::optional<StepReply> answered = BeginFlight(r, f);
+  if (answered) {
+    (answered->replayed ? counters_.steps_replayed : counters_.steps_miss)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  return answered;
+}
+
+void NodeCore::NoteComputed(const StepRequest& r, const StepReply& reply,
+                            std::chrono::steady_clock::time_point t0) {
+  admission_.Touch(r.session_id);
+  counters_.CountResult(reply.result);
+  counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 void NodeCore::BeginMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,
@@ -389,12 +397,7 @@ void NodeCore::BeginMany(std::span<StepRequest> requests, std::span<const ReplyF
       StepRequest& r = requests[i];
       if (r.prefill) ThrowInvalidArgument("StepMany's batch path takes decode steps only");
       Validate(r);
-      flights[i].epoch = r.route_epoch;
-      flights[i].step_id = r.step_id;
-      flights[i].digest = RequestDigest(r, formats[i]);
-      if (std::optional<StepReply> answered = BeginFlight(r, &flights[i])) {
-        (answered->replayed ? counters_.steps_replayed : counters_.steps_miss)
-            .fetch_add(1, std::memory_order_relaxed);
+      if (std::optional<StepReply> answered = OpenFlight(r, formats[i], &flights[i])) {
         replies[i] = std::move(*answered);
         continue;
       }
@@ -448,9 +451,7 @@ void NodeCore::StepMany(std::span<StepRequest> requests, std::span<const ReplyFo
     reply.result = std::move(*results[k]);
     reply.compute_micros = compute_micros;
     EndFlight(flights[i], formats[i], &reply);
-    admission_.Touch(requests[i].session_id);
-    counters_.CountResult(reply.result);
-    counters_.ObserveLatency(std::chrono::duration<double>(Clock::now() - t0).count());
+    NoteComputed(requests[i], reply, t0);
     replies[i] = std::move(reply);
   }
   if (m > 0) NotePeak();

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <list>
@@ -242,6 +243,13 @@ class NodeCore {
   // try, if any (kInvalidArgument if the step id was used for another request).
   std::optional<StepReply> ReplayLocked(Binding& b, const Flight& f) REQUIRES(mu_);
   StepReply RunFlight(StepRequest& r, const Flight& f, const ReplyFormat& format);
+  // Fills `f` for the request and begins its flight; an answer that needs no
+  // computing (a replay, a miss, a move) is returned and counted.
+  std::optional<StepReply> OpenFlight(const StepRequest& r, const ReplyFormat& format, Flight* f);
+  // A computed step's bookkeeping: its admission slot touched, its result and
+  // latency (since t0) counted.
+  void NoteComputed(const StepRequest& r, const StepReply& reply,
+                    std::chrono::steady_clock::time_point t0);
   // StepMany's first part: each step's checks and flight; the indices of the
   // steps left to compute go to `run` (reserved for every step).
   void BeginMany(std::span<StepRequest> requests, std::span<const ReplyFormat> formats,

@@ -265,8 +265,7 @@ class Transit {
   void Mark() {
     if (mark_.on) return;
     mark_.on = true;
-    MutexLock lock(&mu_);
-    ++n_;
+    Count(1);
   }
   void Clear() {
     if (!mark_.on) return;

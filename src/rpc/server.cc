@@ -204,13 +204,7 @@ class MeshNodeService final : public pb::MeshNode::Service {
     }
     {
       shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
-      const auto running = static_cast<int64_t>(which.size());
-      in_flight_.fetch_add(running, std::memory_order_relaxed);
-      struct Done {
-        std::atomic<int64_t>* n;
-        int64_t k;
-        ~Done() { n->fetch_sub(k, std::memory_order_relaxed); }
-      } done{&in_flight_, running};
+      const InFlight counted(&in_flight_, static_cast<int64_t>(which.size()));
       try {
         core_->StepMany(req, which, out, errors);
       } catch (...) {  // e.g. out of memory: the steps with neither answer nor error fail
@@ -342,16 +336,27 @@ class MeshNodeService final : public pb::MeshNode::Service {
   // prefill chunks once its call is (deadline passed, client gone, or the
   // server's shutdown grace over). `peer`: PeerKey(*ctx), read once per call
   // (the context's auth_context() is not safe from several threads at once).
+  // Steps counted in in_flight_ while it lives.
+  class InFlight {
+   public:
+    InFlight(std::atomic<int64_t>* n, int64_t k) : n_(n), k_(k) {
+      n_->fetch_add(k_, std::memory_order_relaxed);
+    }
+    ~InFlight() { n_->fetch_sub(k_, std::memory_order_relaxed); }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    std::atomic<int64_t>* n_;
+    int64_t k_;
+  };
+
   void LimitedStep(grpc::ServerContext* ctx, const std::string& peer, const pb::StepRequest& req,
                    pb::StepResponse* out) {
     if (req.prefill()) session_rate_.Open(peer, req.session_id());
     PeerLimits::Slot slot(&peers_, peer);
     shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
-    struct Done {
-      std::atomic<int64_t>* n;
-      ~Done() { n->fetch_sub(1, std::memory_order_relaxed); }
-    } done{&in_flight_};
+    const InFlight counted(&in_flight_, 1);
     core_->Step(req, out);
   }
 
