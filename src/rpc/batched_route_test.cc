@@ -20,7 +20,7 @@ namespace {
 constexpr int kSessions = 32;
 constexpr int kTokens = 16;
 
-using testing::ShippedModel;
+using node::ShippedFile;
 
 std::vector<int32_t> PromptOf(int i) {
   std::vector<int32_t> p = {1};
@@ -44,7 +44,7 @@ mesh::GenerateOptions Greedy() {
 }
 
 std::vector<std::vector<int32_t>> Solo() {
-  mesh::InProcessMesh mesh(ShippedModel(), Split(), nullptr);
+  mesh::InProcessMesh mesh(ShippedFile(), Split(), nullptr);
   std::vector<std::vector<int32_t>> out;
   for (int i = 0; i < kSessions; ++i) {
     mesh::FixedRouteProvider p(mesh.route());
@@ -89,7 +89,7 @@ void ExpectBatched(mesh::InProcessMesh& mesh) {
 TEST(BatchedRoute, InProcessSessionsEqualTheirSoloRuns) {
   const auto solo = Solo();
   ThreadPool pool(2);
-  mesh::InProcessMesh mesh(ShippedModel(), Split(), &pool);
+  mesh::InProcessMesh mesh(ShippedFile(), Split(), &pool);
   mesh::FixedRouteProvider provider(mesh.route());
   const auto got = Concurrent(mesh, provider);
   for (int i = 0; i < kSessions; ++i) EXPECT_EQ(got[i], solo[i]) << "session " << i;
@@ -99,7 +99,7 @@ TEST(BatchedRoute, InProcessSessionsEqualTheirSoloRuns) {
 TEST(BatchedRoute, GrpcNodesSessionsEqualTheirSoloRuns) {
   const auto solo = Solo();
   ThreadPool pool(2);
-  mesh::InProcessMesh mesh(ShippedModel(), Split(), &pool);
+  mesh::InProcessMesh mesh(ShippedFile(), Split(), &pool);
   std::vector<std::unique_ptr<NodeServer>> servers;
   std::vector<std::string> addresses;
   for (int i = 0; i < 3; ++i) {

@@ -27,7 +27,7 @@
 namespace meshnet::rpc {
 namespace {
 
-using testing::ShippedModel;
+using node::ShippedFile;
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429, 30, 31, 32, 33};
 const std::string kSecret = "the-secret";
@@ -53,7 +53,7 @@ struct TestNode {
     o.layers = node::LayerRange{0, 4};
     o.kv_config.budget_bytes = 16 << 20;
     o.kv_config.block_tokens = 4;
-    node = std::make_unique<node::Node>(ShippedModel(), o, nullptr);
+    node = std::make_unique<node::Node>(ShippedFile(), o, nullptr);
     core = std::make_unique<node::NodeCore>(node.get());
   }
   std::unique_ptr<node::Node> node;

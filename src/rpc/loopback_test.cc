@@ -27,7 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::ScratchDir;
 
-using testing::ShippedModel;
+using node::ShippedFile;
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429};
 
@@ -48,7 +48,7 @@ ClientOptions Roomy() {
 }
 
 std::vector<int32_t> InProcessTokens(const mesh::GenerateOptions& o) {
-  mesh::InProcessMesh reference(ShippedModel(), Split(), nullptr);
+  mesh::InProcessMesh reference(ShippedFile(), Split(), nullptr);
   mesh::FixedRouteProvider p(reference.route());
   return mesh::Generate(p, kPrompt, o).generated_ids;
 }
@@ -59,7 +59,7 @@ struct Nodes {
   // takes up to civetweb's 2 s poll quantum).
   explicit Nodes(const NodeServerOptions& base, int64_t budget = 8 << 20,
                  bool metrics_on_tail = false)
-      : mesh(ShippedModel(), Split(budget), nullptr) {
+      : mesh(ShippedFile(), Split(budget), nullptr) {
     for (int i = 0; i < 3; ++i) {
       NodeServerOptions o = base;
       if (metrics_on_tail && i == 2) o.metrics_listen = "127.0.0.1:0";

@@ -20,7 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-using testing::ShippedModel;
+using node::ShippedFile;
 
 mesh::InProcessMeshOptions Split(int64_t budget = 8 << 20) {
   mesh::InProcessMeshOptions o;
@@ -68,7 +68,7 @@ class NodeServiceTest : public ::testing::Test {
 
   void Build(const mesh::InProcessMeshOptions& o, node::NodeCoreOptions co = {}) {
     cores_.clear();
-    mesh_ = std::make_unique<mesh::InProcessMesh>(ShippedModel(), o, nullptr);
+    mesh_ = std::make_unique<mesh::InProcessMesh>(ShippedFile(), o, nullptr);
     for (int i = 0; i < 3; ++i) {
       cores_.push_back(std::make_unique<NodeService>(&mesh_->node(i), co));
     }
@@ -114,7 +114,7 @@ TEST_F(NodeServiceTest, GenerationThroughTheWireMatchesInProcess) {
     o.max_tokens = 24;
     o.sampling.temperature = temperature;
     o.sampling.seed = 5;
-    mesh::InProcessMesh reference(ShippedModel(), Split(), nullptr);
+    mesh::InProcessMesh reference(ShippedFile(), Split(), nullptr);
     mesh::FixedRouteProvider local(reference.route());
     const auto want = mesh::Generate(local, kPrompt, o).generated_ids;
     mesh::FixedRouteProvider wire(CoreRoute());
@@ -336,7 +336,7 @@ TEST_F(NodeServiceTest, InfoDescribesTheShard) {
   EXPECT_EQ(info.end_layer(), 3);
   EXPECT_EQ(info.total_layers(), 5);
   EXPECT_EQ(info.architecture(), "llama");
-  EXPECT_EQ(info.model_id(), node::ModelIdentity(*ShippedModel()));
+  EXPECT_EQ(info.model_id(), node::ModelIdentity(*ShippedFile()));
   EXPECT_EQ(info.recipe_fingerprint(), mesh_->adapter(1).recipe().Fingerprint());
   EXPECT_EQ(info.kv_budget_bytes(), 8 << 20);
   EXPECT_EQ(info.kv_bytes_free(), 8 << 20);

@@ -46,11 +46,11 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Grpc, RegistryContract, GrpcBackends);
 namespace meshnet::rpc {
 namespace {
 
-using testing::ShippedModel;
+using node::ShippedFile;
 
 // One in-process node (layers 0-1 of the shipped model) served over gRPC.
 struct OneNode {
-  explicit OneNode(const std::string& token = "") : mesh(ShippedModel(), Options(), nullptr) {
+  explicit OneNode(const std::string& token = "") : mesh(ShippedFile(), Options(), nullptr) {
     NodeServerOptions o;
     o.auth_token = token;
     server = std::make_unique<NodeServer>(&mesh.node(0), o);

@@ -24,7 +24,7 @@
 namespace meshnet::rpc {
 namespace {
 
-using testing::ShippedModel;
+using node::ShippedFile;
 
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378, 429};
 constexpr int kSessions = 6;
@@ -39,7 +39,7 @@ std::string SessionId(int i) {
 // with float32 KV; `group_wait_s`: how long its batches wait for a call's
 // steps (long here, so that "one batch" does not depend on thread timing).
 struct Head {
-  explicit Head(double group_wait_s = 30.0) : mesh(ShippedModel(), Options(group_wait_s), nullptr) {
+  explicit Head(double group_wait_s = 30.0) : mesh(ShippedFile(), Options(group_wait_s), nullptr) {
     mesh.node(0).batcher().SetObserver([this](const node::BatchView& v) {
       std::lock_guard<std::mutex> lock(mu);
       batch_sizes.push_back(static_cast<int>(v.session_ids.size()));
@@ -204,6 +204,13 @@ TEST(StepManyTest, RefusesEmptyAndOversizedCalls) {
   EXPECT_TRUE(head.Batches().empty());
 }
 
+template <class Pred>
+void Until(Pred pred) {  // bounded poll on the client's and gate's own counts
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!pred() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_TRUE(pred());
+}
+
 // Steps that wait for a node while a call to it is out: one StepMany, whose
 // answers equal single calls'; with grouping off, one call each.
 void RunWaitingSteps(bool group, int64_t* grouped_calls, int64_t* grouped_steps) {
@@ -230,12 +237,8 @@ void RunWaitingSteps(bool group, int64_t* grouped_calls, int64_t* grouped_steps)
   batcher.WaitPending(1);
   for (int i = 1; i < kSessions; ++i) run(i);
   if (group) {
-    // The others queue at the client behind the call that is out (bounded poll).
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (ep.steps_waiting() < kSessions - 1 && std::chrono::steady_clock::now() < until) {
-      std::this_thread::yield();
-    }
-    EXPECT_EQ(ep.steps_waiting(), kSessions - 1);
+    // The others queue at the client behind the call that is out.
+    Until([&] { return ep.steps_waiting() == kSessions - 1; });
   } else {
     batcher.WaitPending(kSessions);  // each sent its own call
   }
@@ -260,7 +263,7 @@ TEST(StepManyTest, ClientGroupsTheStepsWaitingForANode) {
 // Both nodes of the shipped model (layers 0-1 and 2-4), each served on
 // 127.0.0.1, with float32 KV; `observed` gets "h" or "t" per batch, in order.
 struct TwoNodes {
-  TwoNodes() : mesh(ShippedModel(), Head::Options(30.0), nullptr) {
+  TwoNodes() : mesh(ShippedFile(), Head::Options(30.0), nullptr) {
     for (int i = 0; i < 2; ++i) {
       mesh.node(i).batcher().SetObserver([this, i](const node::BatchView&) {
         std::lock_guard<std::mutex> lock(mu);
@@ -286,13 +289,6 @@ mesh::StepRequest TailDecode(int i, shard::BoundaryBundle bundle) {
   r.token_ids.clear();
   r.bundle = std::move(bundle);
   return r;
-}
-
-template <class Pred>
-void Until(Pred pred) {  // bounded poll on the client's and gate's own counts
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!pred() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-  ASSERT_TRUE(pred());
 }
 
 // Every session prefilled on both nodes, on a thread of its own: a thread

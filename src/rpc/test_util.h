@@ -1,7 +1,7 @@
 // Test-only helpers for the rpc tests (header-only; never linked into the
 // library): a scratch directory, a throwaway PKI made with the openssl CLI at
 // test time (no key is ever committed), a tiny HTTP GET for /metrics, and
-// (in tests built with MESHNET_SHIPPED_MODEL) the shipped model.
+// (in tests built with MESHNET_SHIPPED_MODEL) node::ShippedFile().
 #pragma once
 
 #include <arpa/inet.h>
@@ -16,6 +16,10 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#ifdef MESHNET_SHIPPED_MODEL
+#include "node/node_test_util.h"  // node::ShippedFile(): the shipped model, opened once
+#endif
 
 namespace meshnet::rpc::testing {
 
@@ -115,20 +119,3 @@ inline double MetricValue(const std::string& text, const std::string& series) {
 }
 
 }  // namespace meshnet::rpc::testing
-
-#ifdef MESHNET_SHIPPED_MODEL
-#include <memory>
-
-#include "gguf/gguf_reader.h"
-
-namespace meshnet::rpc::testing {
-
-// The shipped model, opened once per test process.
-inline std::shared_ptr<const gguf::GgufFile> ShippedModel() {
-  static auto file =
-      std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(MESHNET_SHIPPED_MODEL));
-  return file;
-}
-
-}  // namespace meshnet::rpc::testing
-#endif
