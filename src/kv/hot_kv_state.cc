@@ -238,6 +238,8 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   return Begun{e, e->seq_len, n_new};
 }
 
+thread_local bool no_pinned_wait = false;  // a ScopedNoPinnedWait lives on this thread
+
 // BeginLocked, waiting (mu released) up to config.pinned_wait_seconds of real
 // time while the only obstacle is room pinned by other in-flight steps. Each
 // attempt re-runs the whole check sequence, since the state may change while
@@ -253,6 +255,7 @@ std::variant<Begun, CacheMiss> BeginWaitingLocked(ManagerState& m, std::string_v
     try {
       return BeginLocked(m, id, epoch, expected, kv, n_new);
     } catch (const PinnedShortage& shortage) {
+      if (no_pinned_wait) throw PinnedRoomError(shortage.message);
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(ErrorKind::kBudgetExceeded, shortage.message);
       }
@@ -271,6 +274,9 @@ void StoreRow(KvDtype dtype, uint8_t* dst, const float* src, int64_t n) {
 }
 
 }  // namespace
+
+ScopedNoPinnedWait::ScopedNoPinnedWait() : outer_(no_pinned_wait) { no_pinned_wait = true; }
+ScopedNoPinnedWait::~ScopedNoPinnedWait() { no_pinned_wait = outer_; }
 
 HotKvStateManager::HotKvStateManager(KvCacheRecipe recipe, HotKvStateConfig config,
                                      const Clock* clock)

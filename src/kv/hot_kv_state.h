@@ -130,6 +130,28 @@ struct LayerKv {
   std::span<const float> values;
 };
 
+// While one lives on a thread, that thread's reservations do not wait for
+// room pinned by other in-flight steps: they throw PinnedRoomError at once.
+// For a caller that may hold those pins itself (node::Node::StepMany begins
+// several steps before it runs any): it runs what it holds, then retries
+// without one.
+class ScopedNoPinnedWait {
+ public:
+  ScopedNoPinnedWait();
+  ~ScopedNoPinnedWait();
+  ScopedNoPinnedWait(const ScopedNoPinnedWait&) = delete;
+  ScopedNoPinnedWait& operator=(const ScopedNoPinnedWait&) = delete;
+
+ private:
+  bool outer_;
+};
+// kBudgetExceeded: the reservation would fit, but pinned room holds it up.
+class PinnedRoomError : public Error {
+ public:
+  explicit PinnedRoomError(const std::string& message)
+      : Error(ErrorKind::kBudgetExceeded, message) {}
+};
+
 class HotKvStateManager;
 struct SessionEntry;  // private to hot_kv_state.cc
 struct ManagerState;  // private to hot_kv_state.cc

@@ -185,6 +185,42 @@ TEST(Batcher, StepManyFromOneThreadIsOneBatch) {
   EXPECT_FALSE(got[kSessions + 1]);
 }
 
+// Node::StepMany when a step's KV room is held by the call's own earlier
+// steps (pinned until they run): those run first, then it, in a second batch.
+// Before, it waited for pins only its own caller could release, and failed
+// once pinned_wait_seconds ran out.
+TEST(Batcher, StepManyRunsWhatItHoldsWhenItsOwnPinsBlockAStep) {
+  ThreadPool pool(2);
+  Node alone(File(), WholeModel({.max_batch_sessions = 1}), &pool);
+  NodeOptions tight = WholeModel();
+  tight.kv_config.block_tokens = 4;
+  tight.kv_config.budget_bytes = 3 * 4 * alone.adapter().recipe().BytesPerToken();  // 3 blocks
+  tight.kv_config.pinned_wait_seconds = 1;
+  Node node(File(), tight, &pool);
+  const std::string a = RandomId128(), b = RandomId128();
+  std::vector<StepRequest> reqs;
+  std::vector<StepResult> want;
+  for (const std::string& id : {a, b}) {  // one full block each
+    const StepRequest p = Prefill(id, PromptOf(id == a ? 1 : 2, 4));
+    StepOf(node, p);
+    reqs.push_back(Decode(id, Tail(StepOf(alone, p)).token_id, 4));
+    want.push_back(alone.Step(reqs.back()));
+  }
+  Recorder rec(node);
+  std::vector<StepRequest*> ptrs = {&reqs[0], &reqs[1]};  // each needs a second block
+  std::vector<std::optional<StepResult>> got(2);
+  std::vector<std::exception_ptr> errors(2);
+  node.StepMany(ptrs, got, errors);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_FALSE(errors[i]) << i;
+    ExpectLogitsNear(*got[i], want[i], "session " + std::to_string(i));
+  }
+  const std::vector<BatchView> batches = rec.Take();
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].session_ids, std::vector<std::string>{a});
+  EXPECT_EQ(batches[1].session_ids, std::vector<std::string>{b});
+}
+
 // A 18-token prompt with prefill_chunk 4 runs in 5 batches; another session's
 // decode step queued behind it rides in the first one and is done then
 // (prefill_share 0: only prefill_chunk bounds the chunks here; the time bound

@@ -88,10 +88,42 @@ void Node::StepMany(std::span<StepRequest* const> requests,
   std::vector<shard::PendingStep*> pending;
   std::vector<std::string_view> ids;
   std::vector<size_t> at;  // pending[k] is step at[k]
+  pending.reserve(n);
+  ids.reserve(n);
+  at.reserve(n);
+  // Computes the steps begun so far, which releases their pins.
+  auto run = [&] {
+    std::vector<std::exception_ptr> ran(pending.size());
+    if (!pending.empty()) batcher_->RunMany(pending, ids, ran);
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const size_t i = at[k];
+      if (ran[k]) {
+        errors[i] = ran[k];
+        continue;
+      }
+      try {
+        results[i] = adapter_->Finish(*pending[k]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+    pending.clear();
+    ids.clear();
+    at.clear();
+  };
   for (size_t i = 0; i < n; ++i) {
     try {
       StepRequest& r = *requests[i];
-      begun[i].emplace(Begin(r));
+      try {
+        // Room pinned by this call's own begun steps frees only once they
+        // run: not waited for while they wait here.
+        std::optional<kv::ScopedNoPinnedWait> no_wait;
+        if (!pending.empty()) no_wait.emplace();
+        begun[i].emplace(Begin(r));
+      } catch (const kv::PinnedRoomError&) {
+        run();
+        begun[i].emplace(Begin(r));  // may wait for other calls' pins, as Step would
+      }
       if (auto* miss = std::get_if<kv::CacheMiss>(&*begun[i])) {
         results[i] = std::move(*miss);
         continue;
@@ -103,20 +135,7 @@ void Node::StepMany(std::span<StepRequest* const> requests,
       errors[i] = std::current_exception();
     }
   }
-  std::vector<std::exception_ptr> ran(pending.size());
-  if (!pending.empty()) batcher_->RunMany(pending, ids, ran);
-  for (size_t k = 0; k < pending.size(); ++k) {
-    const size_t i = at[k];
-    if (ran[k]) {
-      errors[i] = ran[k];
-      continue;
-    }
-    try {
-      results[i] = adapter_->Finish(*pending[k]);
-    } catch (...) {
-      errors[i] = std::current_exception();
-    }
-  }
+  run();
 }
 
 bool Node::Release(const std::string& session_id, int64_t route_epoch) {

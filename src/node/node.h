@@ -75,7 +75,9 @@ class Node {
   StepResult Step(StepRequest& request);
   // Step for several sessions' steps at once (distinct sessions), their rows
   // queued in the batcher together from this thread (Batcher::RunMany):
-  // results[i], or errors[i] when step i threw.
+  // results[i], or errors[i] when step i threw. A step whose KV room is held
+  // by the call's own begun steps (pinned) waits for them to run first: they
+  // run as one batch, and the rest after them.
   void StepMany(std::span<StepRequest* const> requests,
                 std::span<std::optional<StepResult>> results, std::span<std::exception_ptr> errors);
   // Drops the session's state at this epoch; whether it was held. Throws
