@@ -168,12 +168,15 @@ struct TinyNode {
   }
 };
 
-// Prefill + `n` greedy decode steps on one endpoint; returns the decode time.
+constexpr char kSecret[] = "bench";
+
+// Prefill + `n` greedy decode steps of session `id` on one endpoint; returns
+// the decode time.
 template <typename StepFn>
-double DecodeSession(StepFn&& step, int n) {
+double DecodeSession(StepFn&& step, const std::string& id, int n) {
   mesh::StepRequest r;
-  r.session_id = node::RandomId128();
-  r.session_secret = "bench";
+  r.session_id = id;
+  r.session_secret = kSecret;
   r.step_id = 1;
   r.prefill = true;
   r.token_ids = {1, 403, 407, 261};
@@ -191,6 +194,15 @@ double DecodeSession(StepFn&& step, int n) {
   return Seconds(a, Clock::now());
 }
 
+// Prefill + `n` decode steps of a new session on `endpoint`, then its
+// Release (a node holds --max-sessions live sessions; new ones wait for a slot).
+double DecodeAndRelease(mesh::ShardEndpoint& endpoint, int n) {
+  const std::string id = node::RandomId128();
+  const double t = DecodeSession([&](const mesh::StepRequest& r) { return endpoint.Step(r); }, id, n);
+  endpoint.Release(id, kSecret, 0);
+  return t;
+}
+
 void BM_Transport(benchmark::State& state) {
   static TinyNode f;
   const int n = static_cast<int>(state.range(0));
@@ -198,11 +210,13 @@ void BM_Transport(benchmark::State& state) {
   int64_t steps = 0;
   for (auto _ : state) {
     auto& local_ep = *f.local->endpoint(0);
-    t_local += DecodeSession([&](const mesh::StepRequest& r) { return local_ep.Step(r); }, n);
-    t_unary += DecodeSession([&](const mesh::StepRequest& r) { return f.endpoint->Step(r); }, n);
+    t_local += DecodeAndRelease(local_ep, n);
+    t_unary += DecodeAndRelease(*f.endpoint, n);
+    const std::string id = node::RandomId128();
     auto stream = f.endpoint->OpenStepStream(n + 1);
-    t_stream += DecodeSession([&](const mesh::StepRequest& r) { return stream->Step(r); }, n);
+    t_stream += DecodeSession([&](const mesh::StepRequest& r) { return stream->Step(r); }, id, n);
     stream->Close();
+    f.endpoint->Release(id, kSecret, 0);
     steps += n;
   }
   const double s = static_cast<double>(steps);
