@@ -198,7 +198,8 @@ double DecodeSession(StepFn&& step, const std::string& id, int n) {
 // Release (a node holds --max-sessions live sessions; new ones wait for a slot).
 double DecodeAndRelease(mesh::ShardEndpoint& endpoint, int n) {
   const std::string id = node::RandomId128();
-  const double t = DecodeSession([&](const mesh::StepRequest& r) { return endpoint.Step(r); }, id, n);
+  const double t =
+      DecodeSession([&](const mesh::StepRequest& r) { return endpoint.Step(r); }, id, n);
   endpoint.Release(id, kSecret, 0);
   return t;
 }
