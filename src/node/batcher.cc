@@ -193,10 +193,23 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
 }
 
 void Batcher::DropCancelledLocked() {
+  // The steps of one grouped call share their call's check, and a gRPC
+  // server's IsCancelled polls its completion queue: each check is asked
+  // once per pass.
+  cancel_checked_.clear();
+  auto cancelled = [this](const std::function<bool()>* check) {
+    if (check == nullptr) return false;
+    for (const auto& [c, answer] : cancel_checked_) {
+      if (c == check) return answer;
+    }
+    const bool answer = (*check)();
+    cancel_checked_.emplace_back(check, answer);
+    return answer;
+  };
   Item* prev = nullptr;
   for (Item* it = head_; it != nullptr;) {
     Item* next = it->next;
-    if (it->cancel != nullptr && (*it->cancel)()) {
+    if (cancelled(it->cancel)) {
       (prev != nullptr ? prev->next : head_) = next;
       if (tail_ == it) tail_ = prev;
       --pending_;

@@ -197,6 +197,8 @@ class Batcher {
   std::vector<Item*> queued_items_;      // FormLocked: the queue, in order
   std::vector<QueuedRows> queued_rows_;  // and what PlanBatch sees of it
   std::vector<int64_t> take_;            // PlanBatch's rows per queued step
+  // DropCancelledLocked: each distinct cancel check's answer in this pass.
+  std::vector<std::pair<const std::function<bool()>*, bool>> cancel_checked_;
   std::vector<shard::BatchSlice> slices_;
   std::vector<float> hidden_;     // stacked rows (rows, n_embd)
   std::vector<float> last_rows_;  // tail: finished steps' last rows

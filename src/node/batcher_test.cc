@@ -185,6 +185,38 @@ TEST(Batcher, StepManyFromOneThreadIsOneBatch) {
   EXPECT_FALSE(got[kSessions + 1]);
 }
 
+// The steps of one grouped call share their call's cancel check (over gRPC,
+// a poll of the server's completion queue, tens of microseconds): a batch
+// forming asks it once, not once per step.
+TEST(Batcher, StepsSharingACancelCheckAskItOncePerBatch) {
+  Node node(File(), WholeModel(), nullptr);
+  constexpr int kSessions = 6;
+  std::vector<StepRequest> reqs;
+  for (int i = 0; i < kSessions; ++i) {
+    const std::string id = RandomId128();
+    const StepResult first = StepOf(node, Prefill(id, PromptOf(i, 3)));
+    reqs.push_back(Decode(id, Tail(first).token_id, 3));
+  }
+  Recorder rec(node);
+  std::vector<StepRequest*> ptrs;
+  for (auto& r : reqs) ptrs.push_back(&r);
+  std::vector<std::optional<StepResult>> got(reqs.size());
+  std::vector<std::exception_ptr> errors(reqs.size());
+  int asked = 0;
+  {
+    shard::ScopedStepCancel scope([&] { return ++asked < 0; });
+    node.StepMany(ptrs, got, errors);
+  }
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_FALSE(errors[i]) << i;
+    EXPECT_TRUE(got[i]) << i;
+  }
+  const std::vector<BatchView> batches = rec.Take();
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].session_ids.size(), static_cast<size_t>(kSessions));
+  EXPECT_EQ(asked, 1);
+}
+
 // Node::StepMany when a step's KV room is held by the call's own earlier
 // steps (pinned until they run): those run first, then it, in a second batch.
 // Before, it waited for pins only its own caller could release, and failed
