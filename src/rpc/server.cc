@@ -332,10 +332,6 @@ class MeshNodeService final : public pb::MeshNode::Service {
   }
 
  private:
-  // A step under the caller's per-peer limit, cancelled between layers and
-  // prefill chunks once its call is (deadline passed, client gone, or the
-  // server's shutdown grace over). `peer`: PeerKey(*ctx), read once per call
-  // (the context's auth_context() is not safe from several threads at once).
   // Steps counted in in_flight_ while it lives.
   class InFlight {
    public:
@@ -351,6 +347,10 @@ class MeshNodeService final : public pb::MeshNode::Service {
     int64_t k_;
   };
 
+  // A step under the caller's per-peer limit, cancelled between layers and
+  // prefill chunks once its call is (deadline passed, client gone, or the
+  // server's shutdown grace over). `peer`: PeerKey(*ctx), read once per call
+  // (the context's auth_context() is not safe from several threads at once).
   void LimitedStep(grpc::ServerContext* ctx, const std::string& peer, const pb::StepRequest& req,
                    pb::StepResponse* out) {
     if (req.prefill()) session_rate_.Open(peer, req.session_id());
