@@ -23,6 +23,7 @@
 #include "rpc/status.h"
 #include "util/error.h"
 #include "util/mutex.h"
+#include "util/transit.h"
 
 namespace meshnet::rpc {
 
@@ -241,72 +242,7 @@ mesh::StepResult RemoteEndpoint::Impl::OutcomeResult(const pb::StepOutcome& o,
 
 namespace {
 
-// Sessions between two steps: their last step came back and their next has
-// not been sent yet. Process-wide, since they go on to whichever node is next
-// on their route. The sessions of a group call wake one after another, and
-// the first to reach the next node would go alone and split the group (a
-// session once alone would stay out of phase); so a leader about to send
-// waits, ClientOptions::transit_wait_s at most, until no session is in transit: the cohort
-// stays one call per hop. The leader of a group call counts its members in
-// transit before it wakes them (Count), each member's thread takes its mark
-// over (Adopt): counted by their own threads on waking, members not yet
-// scheduled were missed, and a sibling leading at the next node went without
-// them. A lone session never waits (its own mark is cleared when it sends);
-// a session whose step failed is not marked (it re-plans).
-class Transit {
- public:
-  static Transit& Get() {
-    static Transit t;
-    return t;
-  }
-  // This thread's session got its answer (mark) / sends its next step or
-  // ends (clear). A thread that exits marked is cleared by its Mark's
-  // destructor.
-  void Mark() {
-    if (mark_.on) return;
-    mark_.on = true;
-    Count(1);
-  }
-  void Clear() {
-    if (!mark_.on) return;
-    mark_.on = false;
-    Uncount();
-  }
-  // k sessions whose marks their threads will Adopt (or Uncount).
-  void Count(int64_t k) {
-    MutexLock lock(&mu_);
-    n_ += k;
-  }
-  void Adopt() {
-    if (mark_.on) return Uncount();  // marked already: one mark per thread
-    mark_.on = true;
-  }
-  void Uncount() {
-    MutexLock lock(&mu_);
-    if (--n_ == 0) zero_.SignalAll();
-  }
-  // Until nobody is in transit, at most `seconds`.
-  void Wait(double seconds) {
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(seconds));
-    MutexLock lock(&mu_);
-    while (n_ > 0 && zero_.WaitUntil(until)) {
-    }
-  }
-
- private:
-  struct ThreadMark {
-    bool on = false;
-    ~ThreadMark() { Get().Clear(); }
-  };
-  Mutex mu_;
-  CondVar zero_{&mu_};
-  int64_t n_ GUARDED_BY(mu_) = 0;
-  static thread_local ThreadMark mark_;
-};
-
-thread_local Transit::ThreadMark Transit::mark_;
+using util::Transit;
 
 // A step of one row (a decode step) with no logits row asked for: small on
 // the wire whatever the model (32 of them are smaller than one full-context
