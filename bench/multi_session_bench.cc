@@ -61,6 +61,7 @@
 #include "mesh/in_process.h"
 #include "mesh/multi_session.h"
 #include "node/batcher.h"
+#include "node/layer_range.h"
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/node_process.h"
@@ -172,10 +173,12 @@ class Route {
     const size_t share_at = route_name.find("_share");
     const std::string share = share_at == std::string::npos ? "" : route_name.substr(share_at + 6);
     const std::string kind = route_name.substr(0, route_name.find('_'));
-    if (kind == "inproc") {
+    if (kind == "inproc" || kind == "inproc3") {
       file_ = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
       pool_ = std::make_unique<ThreadPool>(2);
-      mesh::InProcessMeshOptions mo;  // one node, every layer
+      mesh::InProcessMeshOptions mo;  // one node, every layer (inproc3: three shards)
+      if (kind == "inproc3") mo.split = node::EvenSplit(3, 12);
+      mo.batch_turns = route_name.find("_free") == std::string::npos;
       mo.kv_config.max_sessions = 256;
       mo.kv_config.budget_bytes = 1LL << 30;
       if (nobatch) mo.batch.max_batch_sessions = 1;

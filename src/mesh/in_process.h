@@ -47,6 +47,12 @@ struct InProcessMeshOptions {
   bool ggml_parity = false;  // node::NodeOptions::ggml_parity
   kv::HotKvStateConfig kv_config;
   node::BatchOptions batch;  // each node's batching of concurrent steps
+  // With several shards (they share the mesh's pool), their batches take
+  // turns, the earliest layers first, each waiting up to transit_wait_s for
+  // the sessions between two steps (node::Batcher::SetTurnGate): at 16
+  // sessions on 3 shards, one cohort per round rather than several.
+  bool batch_turns = true;
+  double transit_wait_s = 0.002;  // as rpc::ClientOptions::transit_wait_s
 };
 
 class InProcessMesh {

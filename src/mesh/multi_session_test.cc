@@ -12,6 +12,7 @@
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
 #include "mesh/test_util.h"
+#include "node/batcher.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::mesh {
@@ -215,6 +216,43 @@ TEST_F(MultiSessionTest, RejectsBadOptions) {
   o.session_id = "00112233445566778899aabbccddeeff";
   EXPECT_THROW(driver.Run(Prompts(2), o), Error);
   EXPECT_TRUE(driver.Run({}, Greedy(4)).sessions.empty());
+}
+
+// The shards of one process take turns on their pool (the earliest layers
+// first), and each batch first waits for the sessions between two steps: the
+// sessions go round as one cohort, one batch per shard per step, rather than
+// in fragments that each pay a pass over the weights. The transit wait is
+// long here, so a mark left behind (a session counted in transit that never
+// queues again and is never cleared) would stall the run for a minute.
+TEST(MultiSessionTurns, TheSessionsGoRoundAsOneCohort) {
+  for (const bool turns : {true, false}) {
+    ThreadPool pool(2);
+    InProcessMeshOptions mo;
+    mo.split = {{0, 1}, {2, 3}, {4, 4}};
+    mo.batch_turns = turns;
+    mo.transit_wait_s = 60;
+    InProcessMesh mesh(File(), mo, &pool);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 8; ++i) prompts.push_back({1, 403, 407, 10 + 7 * i});  // one length
+    FixedRouteProvider provider(mesh.route());
+    MultiSessionDriver driver(provider, {});
+    GenerateOptions o = Greedy(24);
+    const MultiSessionReport r = driver.Run(prompts, o);
+    ASSERT_EQ(r.failed(), 0);
+    EXPECT_LT(r.wall_s, 30) << "a batch waited out the transit bound";
+    for (int i = 0; i < mesh.num_shards(); ++i) {
+      const node::BatchStats& st = mesh.node(i).batcher().stats();
+      const int64_t steps_per_session = 24;  // the prompt's and 23 decode steps
+      ASSERT_EQ(st.steps.load(), 8 * steps_per_session) << i;
+      RecordProperty((turns ? "batches_turns_" : "batches_free_") + std::to_string(i),
+                     static_cast<int>(st.batches.load()));
+      if (turns) {
+        // The prompts may come apart (they start as their workers do); from
+        // then on one batch per shard per step.
+        EXPECT_LE(st.batches.load(), steps_per_session + 8) << "shard " << i;
+      }
+    }
+  }
 }
 
 TEST(PercentileTest, NearestRank) {

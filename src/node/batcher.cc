@@ -14,6 +14,7 @@
 
 #include "shard/step_cancel.h"
 #include "util/error.h"
+#include "util/transit.h"
 
 namespace meshnet::node {
 
@@ -38,6 +39,7 @@ struct Batcher::Item {
   int64_t take = 0;                               // rows in the running batch
   int64_t cohort = -1;                            // CohortTracker number (-1: none)
   bool finished = false;
+  bool counted = false;  // turns: counted in transit when its last rows ran (EndTurn)
   std::exception_ptr error;
   Item* next = nullptr;     // queue link
   CondVar* wake = nullptr;  // its caller's: finished, or handed the lead
@@ -110,10 +112,12 @@ void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
     MutexLock lock(&mu_);
     CountArrivalLocked();
     PushLocked(&self);
+    if (turn_gate_ != nullptr) util::Transit::Get().Clear();  // queued: out of transit
     NoteReturnLocked(self);
     queued_.SignalAll();
     WaitOrLeadLocked(mine, &wake);
   }
+  if (self.counted) util::Transit::Get().Adopt();  // its caller goes on to the next hop
   if (self.error) std::rethrow_exception(self.error);
 }
 
@@ -169,9 +173,20 @@ void Batcher::WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) {
 void Batcher::LeadLocked(std::span<Item* const> mine) {
   running_ = true;
   while (!AllFinished(mine) && !held_ && head_ != nullptr) {
-    RegroupLocked();
-    FormLocked();
-    if (batch_.empty()) continue;  // every step formed was cancelled
+    // Turns are for decode steps (with the prompt rows that fit beside
+    // them); a batch of prompt rows alone runs when it comes, as without
+    // turns, so a long prompt is not held to a budgeted chunk per turn.
+    const bool turn = turn_gate_ != nullptr && DecodePendingLocked();
+    if (turn) {
+      TakeTurnLocked();  // waits for the sessions in transit; steps keep queuing
+    } else {
+      RegroupLocked();
+    }
+    if (!held_) FormLocked();
+    if (held_ || batch_.empty()) {  // held meanwhile, or every step formed was cancelled
+      if (turn) EndTurn();
+      continue;
+    }
     mu_.Unlock();
     Observe();
     const Clock::time_point start = Clock::now();
@@ -184,6 +199,7 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
       Execute();
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (turn) EndTurn();
     mu_.Lock();
     CompleteLocked(seconds);
   }
@@ -473,6 +489,44 @@ void Batcher::Resume() {
 void Batcher::WaitPending(int64_t n) {
   MutexLock lock(&mu_);
   while (pending_ < n) queued_.Wait();
+}
+
+void Batcher::SetTurnGate(std::shared_ptr<util::RankGate> gate, int64_t rank,
+                          double transit_wait_s) {
+  turn_gate_ = std::move(gate);
+  turn_rank_ = rank;
+  turn_transit_wait_s_ = transit_wait_s;
+}
+
+void Batcher::TakeTurnLocked() {
+  mu_.Unlock();
+  const int64_t arrival = turn_gate_->Acquire(turn_rank_);
+  // A cohort behind, waiting at an earlier shard now, goes first: its
+  // sessions then reach this shard and join this batch (two cohorts that
+  // chased each other round the shards merge).
+  do {
+    util::Transit::Get().Wait(turn_transit_wait_s_);
+  } while (turn_gate_->Yield(turn_rank_, arrival));
+  mu_.Lock();
+}
+
+bool Batcher::DecodePendingLocked() const {
+  for (const Item* it = head_; it != nullptr; it = it->next) {
+    if (IsDecode(*it->step)) return true;
+  }
+  return false;
+}
+
+void Batcher::EndTurn() {
+  // Only the leader touches batch_; `counted` is read by each step's caller
+  // after CompleteLocked marks it finished (under mu_).
+  int64_t answered = 0;
+  for (Item* it : batch_) {
+    it->counted = !it->error && it->done + it->take == it->step->n_new;
+    answered += it->counted;
+  }
+  util::Transit::Get().Count(answered);  // before the next shard's turn: it waits for them
+  turn_gate_->Release();
 }
 
 void Batcher::SetObserver(std::function<void(const BatchView&)> observer) {

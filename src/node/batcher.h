@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -75,6 +76,7 @@
 #include "shard/kv_boundary_adapter.h"
 #include "shard/llama_shard.h"
 #include "util/mutex.h"
+#include "util/rank_gate.h"
 
 namespace meshnet::node {
 
@@ -148,6 +150,21 @@ class Batcher {
   void WaitPending(int64_t n) EXCLUDES(mu_);
   // Called by the leader with each batch before it runs (no lock held).
   void SetObserver(std::function<void(const BatchView&)> observer);
+  // Shards that share one compute pool (the in-process route) take turns:
+  // each batch with decode steps is formed and run while holding the place
+  // of `gate` (depth 1; prompt rows alone run when they come, as without),
+  // asked with `rank` (the shard's first layer), so the earliest layers go
+  // first; with its place, the leader first waits, `transit_wait_s` at most,
+  // for the sessions between two steps (util/transit.h: the answered steps of
+  // the batch before, counted in transit before it gives up its place). So the
+  // sessions that finish one shard's batch join the next one's, and one that
+  // fell behind catches up at the next shard (as the client's pipeline depth
+  // does for nodes, util/rank_gate.h): one cohort per round rather than
+  // several smaller ones that each pay a pass over the weights, and never two
+  // batches splitting the pool's threads. Null: no turns. Must be called while
+  // no step runs.
+  void SetTurnGate(std::shared_ptr<util::RankGate> gate, int64_t rank, double transit_wait_s);
+  bool takes_turns() const { return turn_gate_ != nullptr; }
 
  private:
   struct Item;
@@ -177,6 +194,12 @@ class Batcher {
   void RunAlone(Item& self) EXCLUDES(mu_);
   void PushLocked(Item* item) REQUIRES(mu_);
   void Observe();
+  // Turns: the leader's place and the wait for sessions in transit (with
+  // mu_ released meanwhile); after its batch, counts the steps it answered in
+  // transit, then gives the place up.
+  void TakeTurnLocked() REQUIRES(mu_);
+  void EndTurn();
+  bool DecodePendingLocked() const REQUIRES(mu_);
 
   const shard::LlamaShard* shard_;
   const BatchOptions options_;
@@ -191,6 +214,9 @@ class Batcher {
   bool running_ GUARDED_BY(mu_) = false;  // a leader is running batches
   bool held_ GUARDED_BY(mu_) = false;
   std::function<void(const BatchView&)> observer_;  // set while no step runs
+  std::shared_ptr<util::RankGate> turn_gate_;       // SetTurnGate; set while no step runs
+  int64_t turn_rank_ = 0;
+  double turn_transit_wait_s_ = 0;
 
   // The leader's batch and buffers (only the thread with running_ set uses them).
   std::vector<Item*> batch_;
