@@ -30,6 +30,9 @@
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
 // inproc_nobatch and 3node_nobatch run with the nodes' batching off,
+// inproc3 splits the in-process route into three shards on its one pool
+// (layers 0-3, 4-7, 8-11, taking turns: InProcessMeshOptions::batch_turns;
+// its batch counters are the head shard's), inproc3_free the same without turns,
 // 3node_single without the client's step grouping, 3node_depthN with at most
 // N of the client's calls out at once (--pipeline-depth N),
 // <route>_kvf32 with --kv-dtype float32, and

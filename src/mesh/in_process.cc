@@ -21,6 +21,7 @@ StepResult InProcessEndpoint::Step(StepRequest request) {
   // Turns (InProcessMeshOptions::batch_turns): answered, this session is in
   // transit until its next step queues (the batch counted it, or it marks
   // itself); failed, it re-plans or ends.
+  const util::Transit::Carrier carrier;  // this thread takes the session on
   try {
     StepResult result = node_->Step(request);
     util::Transit::Get().Mark();

@@ -39,7 +39,8 @@ struct Batcher::Item {
   int64_t take = 0;                               // rows in the running batch
   int64_t cohort = -1;                            // CohortTracker number (-1: none)
   bool finished = false;
-  bool counted = false;  // turns: counted in transit when its last rows ran (EndTurn)
+  bool own_thread = false;  // Run's step on a thread that carries it on (Transit::Carrier)
+  bool counted = false;     // turns: counted in transit when its last rows ran (EndTurn)
   std::exception_ptr error;
   Item* next = nullptr;     // queue link
   CondVar* wake = nullptr;  // its caller's: finished, or handed the lead
@@ -106,6 +107,7 @@ void Batcher::Run(shard::PendingStep* step, std::string_view session_id) {
   self.session_id = session_id;
   self.cancel = shard::CurrentStepCancel();
   self.wake = &wake;
+  self.own_thread = util::Transit::carrying();
   if (options_.max_batch_sessions == 1) return RunAlone(self);
   Item* const mine[] = {&self};
   {
@@ -177,11 +179,8 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
     // them); a batch of prompt rows alone runs when it comes, as without
     // turns, so a long prompt is not held to a budgeted chunk per turn.
     const bool turn = turn_gate_ != nullptr && DecodePendingLocked();
-    if (turn) {
-      TakeTurnLocked();  // waits for the sessions in transit; steps keep queuing
-    } else {
-      RegroupLocked();
-    }
+    RegroupLocked();
+    if (turn) TakeTurnLocked();  // waits for the sessions in transit; steps keep queuing
     if (!held_) FormLocked();
     if (held_ || batch_.empty()) {  // held meanwhile, or every step formed was cancelled
       if (turn) EndTurn();
@@ -522,7 +521,7 @@ void Batcher::EndTurn() {
   // after CompleteLocked marks it finished (under mu_).
   int64_t answered = 0;
   for (Item* it : batch_) {
-    it->counted = !it->error && it->done + it->take == it->step->n_new;
+    it->counted = it->own_thread && !it->error && it->done + it->take == it->step->n_new;
     answered += it->counted;
   }
   util::Transit::Get().Count(answered);  // before the next shard's turn: it waits for them

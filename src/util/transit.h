@@ -56,6 +56,23 @@ class Transit {
   // Whether this thread is marked (for tests).
   static bool marked();
 
+  // While one lives, this thread carries its session from hop to hop (an
+  // in-process route's endpoint): a batch that counts its answered steps in
+  // transit (node::Batcher's turns) counts this thread's, which adopts the
+  // mark. Other callers of a batcher (a gRPC handler's thread) are not
+  // counted: they do not go on to a next hop.
+  class Carrier {
+   public:
+    Carrier() : outer_(carrying_) { carrying_ = true; }
+    ~Carrier() { carrying_ = outer_; }
+    Carrier(const Carrier&) = delete;
+    Carrier& operator=(const Carrier&) = delete;
+
+   private:
+    bool outer_;
+  };
+  static bool carrying() { return carrying_; }
+
  private:
   struct ThreadMark {
     bool on = false;
@@ -66,6 +83,7 @@ class Transit {
   int64_t n_ GUARDED_BY(mu_) = 0;
   int64_t forgotten_ GUARDED_BY(mu_) = 0;  // of n_, marks no wait is for (<= n_)
   static thread_local ThreadMark mark_;
+  static inline thread_local bool carrying_ = false;
 };
 
 }  // namespace meshnet::util
