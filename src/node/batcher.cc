@@ -178,8 +178,8 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
     // Turns are for decode steps (with the prompt rows that fit beside
     // them); a batch of prompt rows alone runs when it comes, as without
     // turns, so a long prompt is not held to a budgeted chunk per turn.
-    const bool turn = turn_gate_ != nullptr && DecodePendingLocked();
     RegroupLocked();
+    const bool turn = turn_gate_ != nullptr && DecodePendingLocked();
     if (turn) TakeTurnLocked();  // waits for the sessions in transit; steps keep queuing
     if (!held_) FormLocked();
     if (held_ || batch_.empty()) {  // held meanwhile, or every step formed was cancelled
