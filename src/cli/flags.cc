@@ -37,9 +37,9 @@ std::vector<CLI::Option*> AddBatchFlags(CLI::App* sub, BatchFlags* f, const std:
                           tokens + ")")
           ->capture_default_str(),
       sub->add_option("--prefill-share", f->prefill_share,
-                      "While sessions decode, the prompt rows of one batch add at most this "
-                      "share of their decode batch's measured time (0 = only --prefill-chunk "
-                      "bounds them; 0..16)")
+                      "While sessions decode, long prompts' rows run beside their steps and "
+                      "add at most this share of their measured round (the time between two "
+                      "of their batches here; 0 = only --prefill-chunk bounds them; 0..16)")
           ->capture_default_str(),
       sub->add_option("--short-prompt", f->short_prompt,
                       "Prompts of at most this many tokens (and one --prefill-chunk) run whole "

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
+#include <thread>
 
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
@@ -252,6 +254,58 @@ TEST(MultiSessionTurns, TheSessionsGoRoundAsOneCohort) {
         EXPECT_LE(st.batches.load(), steps_per_session + 8) << "shard " << i;
       }
     }
+  }
+}
+
+// A long prompt arrives while sessions decode on three shards of one pool:
+// its batches take turns with theirs (a prompt batch beside a decode batch
+// would leave one of them on its caller's thread alone, the pool busy with
+// the other), and everyone still gets exactly their solo output. Without
+// turns the batches do overlap (recorded, not asserted: it is a race).
+TEST(MultiSessionTurns, ALongPromptTakesTurnsWithTheDecodingSessions) {
+  std::vector<int32_t> long_prompt = {1};
+  for (int i = 1; i < 300; ++i) long_prompt.push_back(3 + (i * 31) % 500);
+  const std::vector<std::vector<int32_t>> prompts = Prompts(4);
+  std::vector<std::vector<int32_t>> solo;
+  std::vector<int32_t> long_solo;
+  for (const bool turns : {true, false}) {
+    ThreadPool pool(2);
+    InProcessMeshOptions mo;
+    mo.split = {{0, 1}, {2, 3}, {4, 4}};
+    mo.batch_turns = turns;
+    mo.batch.prefill_chunk = 32;  // many prompt batches
+    InProcessMesh mesh(File(), mo, &pool);
+    std::atomic<int> running{0}, overlaps{0}, prompt_batches{0};
+    for (int i = 0; i < mesh.num_shards(); ++i) {
+      mesh.node(i).batcher().SetObserver(
+          [&](const node::BatchView& v) {
+            if (running.fetch_add(1) != 0) ++overlaps;
+            if (std::any_of(v.rows.begin(), v.rows.end(), [](int64_t r) { return r > 8; })) {
+              ++prompt_batches;
+            }
+          },
+          [&](const node::BatchView&) { running.fetch_sub(1); });
+    }
+    FixedRouteProvider provider(mesh.route());
+    if (solo.empty()) {
+      for (const auto& p : prompts) solo.push_back(Generate(provider, p, Greedy(40)).generated_ids);
+      long_solo = Generate(provider, long_prompt, Greedy(2)).generated_ids;
+      overlaps = 0;
+      prompt_batches = 0;
+    }
+    std::vector<int32_t> long_out;
+    std::thread prompt(
+        [&] { long_out = Generate(provider, long_prompt, Greedy(2)).generated_ids; });
+    MultiSessionDriver driver(provider, {});
+    const MultiSessionReport r = driver.Run(prompts, Greedy(40));
+    prompt.join();
+    ASSERT_EQ(r.failed(), 0);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(r.sessions[i].result.generated_ids, solo[i]);
+    EXPECT_EQ(long_out, long_solo);
+    EXPECT_GE(prompt_batches.load(), 3 * 300 / 32);
+    RecordProperty(turns ? "overlaps_turns" : "overlaps_free", overlaps.load());
+    if (turns) EXPECT_EQ(overlaps.load(), 0);
   }
 }
 

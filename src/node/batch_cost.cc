@@ -46,6 +46,11 @@ void BatchCosts::Add(int64_t decode_rows, int64_t prompt_rows, double seconds) {
   if (!(seconds >= 0) || decode_rows < 0 || prompt_rows < 0) return;
   all_.Add(decode_rows + prompt_rows, seconds);
   if (prompt_rows == 0) {
+    const double fitted = decode_.ready() ? decode_.Seconds(static_cast<double>(decode_rows)) : 0;
+    // (Not from the fit's first few batches: it cannot predict yet.)
+    if (fitted > 0 && ++decode_batches_ > kFirstBatches) {
+      level_ = 0.7 * level_ + 0.3 * (seconds / fitted);
+    }
     decode_.Add(decode_rows, seconds);
     return;
   }
@@ -56,7 +61,7 @@ void BatchCosts::Add(int64_t decode_rows, int64_t prompt_rows, double seconds) {
 }
 
 double BatchCosts::DecodeSeconds(double decoders) const {
-  return decode_.ready() ? decode_.Seconds(decoders) : all_.Seconds(decoders);
+  return decode_.ready() ? level_ * decode_.Seconds(decoders) : all_.Seconds(decoders);
 }
 
 double BatchCosts::PromptRowSeconds() const {

@@ -49,6 +49,14 @@ class BatchCostModel {
 // prompt attends over its whole context, so it can cost several decode rows;
 // one fit over all rows would underestimate it.
 //
+// The decode fit keeps the shape (what a row adds), and the latest batches
+// of decode steps alone its level (`level`: a moving average of their time
+// over the fit's): while a long prompt rides beside the decode steps, batches
+// of decode steps alone are few (node::Batcher runs one every
+// kDecodeProbeEvery batches), and a fit still weighted by the first batches
+// after start (weights paged in, caches cold) would put their time too high,
+// the prompt rows' too low, and let through more of them than the share.
+//
 // Thread-safety: none (the batcher's leader is its only user).
 class BatchCosts {
  public:
@@ -64,6 +72,9 @@ class BatchCosts {
 
  private:
   BatchCostModel all_, decode_;
+  double level_ = 1;
+  static constexpr int64_t kFirstBatches = 4;
+  int64_t decode_batches_ = 0;
   double prompt_row_s_ = 0;
 };
 

@@ -59,7 +59,9 @@ void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t
     const int64_t left = queue[i].total - queue[i].done;
     if (IsShortPrompt(queue[i], o) && fits(left)) choose(i, left);
   }
-  int64_t budget = std::max<int64_t>(prefill_budget, 1);
+  // A budget of 0 leaves the long prompts out of a batch that has other
+  // steps (the batcher's probe of the decode steps alone).
+  int64_t budget = prefill_budget > 0 ? prefill_budget : (steps == 0 ? 1 : 0);
   for (size_t i = 0; i < queue.size() && budget > 0; ++i) {
     if ((*take)[i] > 0 || IsDecodeRows(queue[i])) continue;
     if (i > 0 && !fits(1)) break;
@@ -71,15 +73,30 @@ void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t
   }
 }
 
+namespace {
+double DecodeBatchSeconds(const BatchCosts& cost, const DecodeLoad& load) {
+  const double n = std::max(static_cast<double>(load.pending), load.recent);
+  return cost.DecodeSeconds(std::max(n, 1.0));
+}
+}  // namespace
+
+double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
+  if (o.prefill_share <= 0 || !cost.ready()) return 0;
+  const double decode_batch = DecodeBatchSeconds(cost, load);
+  return std::clamp(2 * load.round_s, 4 * decode_batch, 16 * decode_batch);
+}
+
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
   const int64_t all = o.max_batch_tokens;
   if (o.prefill_share <= 0 || !cost.ready()) return all;
-  const double n = std::max(static_cast<double>(load.pending), load.recent);
-  const double decode_batch = cost.DecodeSeconds(std::max(n, 1.0));
-  const bool decoding = load.pending > 0 || load.since_last_s < 4 * decode_batch;
+  const bool decoding = load.pending > 0 || load.since_last_s < DecodeQuietAfter(o, cost, load);
   if (!decoding) return all;
+  // The sessions' round: one batch here in process; across three shards or
+  // nodes, three batches and the hops, while the prompt rides in one of them.
+  const double decode_batch = DecodeBatchSeconds(cost, load);
+  const double round = std::clamp(load.round_s, decode_batch, 16 * decode_batch);
   const double row = cost.PromptRowSeconds();
-  const double rows = row > 0 ? o.prefill_share * decode_batch / row * (1 + 1e-9) : 1e9;
+  const double rows = row > 0 ? o.prefill_share * round / row * (1 + 1e-9) : 1e9;
   const int64_t floor = std::min(o.prefill_chunk, BatchOptions::kMinPrefillRows);
   return std::clamp(static_cast<int64_t>(std::min(rows, 1e9)), floor, all);
 }

@@ -62,7 +62,8 @@ bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o);
 
 // Sets (*take)[i] to the rows step i computes in the next batch (0: not in
 // it). `prefill_budget` bounds the long prompts' rows (the oldest step gets
-// at least one row whatever it is). Reuses *take's storage.
+// at least one row whatever it is, unless the budget is 0 and the batch has
+// other steps). Reuses *take's storage.
 void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t prefill_budget,
                std::vector<int64_t>* take);
 
@@ -71,15 +72,26 @@ struct DecodeLoad {
   int64_t pending = 0;        // decode steps in the queue now
   double recent = 0;          // decode steps per recent batch (moving average)
   double since_last_s = 1e9;  // seconds since the last batch with decode steps
+  // Their usual round: seconds between two such batches, less the prompt rows'
+  // time in them (moving average; 0: none measured). One batch in process; on
+  // a route of several nodes or shards, the others' steps and the hops too.
+  double round_s = 0;
 };
 
+// Seconds after the last batch with decode steps from which nobody counts as
+// decoding any more: twice their round, at least 4 and at most 16 decode
+// batches (0: prefill_share 0 or no batch measured yet, never decoding).
+double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
+
 // Long prompts' rows one batch may carry: while sessions decode (a decode
-// step is pending, or one ran within 4 decode batches' time: their next step
-// may be on another node of the route, or sampling), the rows that add at
-// most prefill_share of the time of a batch of the decode steps alone, as
-// `cost` measured both (at least one row: the oldest step always moves);
-// otherwise (nobody decoding, share 0 or no batch measured yet)
-// max_batch_tokens.
+// step is pending, or one ran within DecodeQuietAfter: their next step may be
+// on the route's other nodes, or sampling), the rows that add at most
+// prefill_share of their round (at least a batch of the decode steps alone,
+// at most 16), as `cost` measured a decode batch and a prompt row (at least
+// one row: the oldest step always moves); otherwise (nobody decoding, share 0
+// or no batch measured yet) max_batch_tokens. node::Batcher runs prompt rows
+// only beside decode steps while sessions decode, so the prompt adds about
+// prefill_share to their inter-token time however many nodes they cross.
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
 
 // Regrouping (adaptive, no fixed waiting window). The decode sessions that

@@ -51,9 +51,13 @@ TEST(PlanBatch, BurstOfShortPromptsRunsWholeBesideDecodeSteps) {
 TEST(PlanBatch, LongPromptGetsOnlyTheBudget) {
   const std::vector<QueuedRows> q = {Prompt(2000), kDecode, Prompt(30), kDecode, Prompt(2000)};
   EXPECT_EQ(Plan(q, BatchOptions{}, 6), (std::vector<int64_t>{6, 1, 30, 1, 0}));
-  // A budget of 0 still gives the oldest step a row; with more budget than
-  // one chunk the next long prompt gets the rest.
-  EXPECT_EQ(Plan(q, BatchOptions{}, 0), (std::vector<int64_t>{1, 1, 30, 1, 0}));
+  // A budget of 1 still gives the oldest step a row; 0 (the batcher's probe
+  // of the decode steps alone) leaves the long prompts out unless nothing
+  // else runs; with more budget than one chunk the next long prompt gets the
+  // rest.
+  EXPECT_EQ(Plan(q, BatchOptions{}, 1), (std::vector<int64_t>{1, 1, 30, 1, 0}));
+  EXPECT_EQ(Plan(q, BatchOptions{}, 0), (std::vector<int64_t>{0, 1, 30, 1, 0}));
+  EXPECT_EQ(Plan({Prompt(2000), Prompt(2000)}, BatchOptions{}, 0), (std::vector<int64_t>{1, 0}));
   EXPECT_EQ(Plan(q, BatchOptions{.prefill_chunk = 100}, 150),
             (std::vector<int64_t>{100, 1, 30, 1, 50}));
 }
@@ -111,6 +115,48 @@ TEST(PrefillBudget, RowsStayWithinTheTimeShare) {
   // floor of one row.
   EXPECT_EQ(PrefillBudget(o, cost, {.pending = 1}), 1);
   EXPECT_EQ(PrefillBudget(BatchOptions{.prefill_share = 1e-9}, cost, eight), 1);
+}
+
+// On a route of several shards or nodes, the sessions' round is several of
+// this node's decode batches: they still count as decoding after 4 of them
+// (twice their round), and the prompt's rows beside their steps take
+// prefill_share of the round, not of this node's batch (it rides in one batch
+// of the round). Bounded: 16 decode batches at most, one at least.
+TEST(PrefillBudget, FollowsTheSessionsRoundAcrossARoute) {
+  const BatchCosts cost = FittedCosts();  // 8 decode steps: 60 ms; a prompt row 10 ms
+  const BatchOptions o;
+  // A round of 180 ms (three shards' batches); the last decode batch ended
+  // 300 ms ago: 5 batches, but within two rounds.
+  DecodeLoad load{.pending = 0, .recent = 8, .since_last_s = 0.3, .round_s = 0.18};
+  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.36, 1e-9);
+  EXPECT_EQ(PrefillBudget(o, cost, load), 9);  // half of 180 ms at 10 ms a row
+  load.pending = 8;
+  EXPECT_EQ(PrefillBudget(o, cost, load), 9);
+  // Past two rounds: nobody decodes.
+  load = {.pending = 0, .recent = 8, .since_last_s = 0.37, .round_s = 0.18};
+  EXPECT_EQ(PrefillBudget(o, cost, load), 512);
+  // A round of 10 s (a stalled client) counts as 16 batches at most.
+  load = {.pending = 8, .recent = 8, .since_last_s = 0, .round_s = 10};
+  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.96, 1e-9);
+  EXPECT_EQ(PrefillBudget(o, cost, load), 48);
+  // A round shorter than a batch (none measured yet): one batch.
+  load.round_s = 0.001;
+  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.24, 1e-9);
+  EXPECT_EQ(PrefillBudget(o, cost, load), 3);
+  // Share 0 or nothing measured: never decoding.
+  EXPECT_EQ(DecodeQuietAfter(BatchOptions{.prefill_share = 0}, cost, load), 0);
+  EXPECT_EQ(DecodeQuietAfter(o, BatchCosts(), load), 0);
+}
+
+// While prompt rows ride beside the decode steps, the few batches of decode
+// steps alone set the decode fit's level: a fit still weighted by slow first
+// batches follows them at once.
+TEST(BatchCosts, RecentDecodeBatchesSetTheLevel) {
+  BatchCosts cost;
+  for (int i = 0; i < 40; ++i) cost.Add(8, 0, 0.120);  // slow first batches
+  EXPECT_NEAR(cost.DecodeSeconds(8), 0.120, 1e-9);
+  for (int i = 0; i < 6; ++i) cost.Add(8, 0, 0.060);  // the probes: half that
+  EXPECT_NEAR(cost.DecodeSeconds(8), 0.060, 0.004);
 }
 
 // The prompt row's cost follows the recent batches: prompt rows getting

@@ -175,11 +175,9 @@ void Batcher::WaitOrLeadLocked(std::span<Item* const> mine, CondVar* wake) {
 void Batcher::LeadLocked(std::span<Item* const> mine) {
   running_ = true;
   while (!AllFinished(mine) && !held_ && head_ != nullptr) {
-    // Turns are for decode steps (with the prompt rows that fit beside
-    // them); a batch of prompt rows alone runs when it comes, as without
-    // turns, so a long prompt is not held to a budgeted chunk per turn.
     RegroupLocked();
-    const bool turn = turn_gate_ != nullptr && DecodePendingLocked();
+    WaitForDecodersLocked();
+    const bool turn = turn_gate_ != nullptr;
     if (turn) TakeTurnLocked();  // waits for the sessions in transit; steps keep queuing
     if (!held_) FormLocked();
     if (held_ || batch_.empty()) {  // held meanwhile, or every step formed was cancelled
@@ -197,6 +195,7 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
       const ThreadPool::PinnedCaller pin(batch_.size() > 1 ? shard_->pool() : nullptr);
       Execute();
     }
+    if (observer_ && after_observer_) after_observer_(view_);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (turn) EndTurn();
     mu_.Lock();
@@ -254,9 +253,12 @@ void Batcher::FormLocked() {
     if (IsDecode(*it->step)) ++load.pending;
   }
   load.pending = std::min(load.pending, options_.max_batch_sessions);
-  load.recent = decoders_;
-  load.since_last_s = std::chrono::duration<double>(Clock::now() - last_decode_).count();
-  PlanBatch(queued_rows_, options_, PrefillBudget(options_, costs_, load), &take_);
+  CurrentLoadLocked(&load);
+  // Every kDecodeProbeEvery-th batch of decode steps while long prompts ride
+  // beside them, the decode steps go alone: their measured cost stays
+  // current (BatchCosts).
+  const bool probe = load.pending > 0 && mixed_since_probe_ >= kDecodeProbeEvery;
+  PlanBatch(queued_rows_, options_, probe ? 0 : PrefillBudget(options_, costs_, load), &take_);
   head_ = tail_ = nullptr;
   pending_ = 0;
   for (size_t i = 0; i < queued_items_.size(); ++i) {
@@ -268,6 +270,23 @@ void Batcher::FormLocked() {
     } else {
       PushLocked(it);
     }
+  }
+}
+
+void Batcher::CurrentLoadLocked(DecodeLoad* load) const {
+  load->recent = decoders_;
+  load->since_last_s = std::chrono::duration<double>(Clock::now() - last_decode_).count();
+  load->round_s = decode_round_s_;
+}
+
+void Batcher::WaitForDecodersLocked() {
+  DecodeLoad load;
+  while (!held_ && head_ != nullptr && !DecodePendingLocked()) {
+    CurrentLoadLocked(&load);
+    const double quiet = DecodeQuietAfter(options_, costs_, load);
+    if (load.since_last_s >= quiet) return;  // nobody decodes: the prompt runs in whole chunks
+    queued_.WaitUntil(last_decode_ + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(quiet)));
   }
 }
 
@@ -288,11 +307,24 @@ void Batcher::CompleteLocked(double seconds) {
       PushLocked(it);  // the next chunk, behind everyone already waiting
     }
   }
+  // The prompt rows' part of this batch (the decode steps' fitted time aside).
+  const double prompt_s =
+      rows == decoders ? 0
+      : decoders > 0 ? std::max(0.0, seconds - costs_.DecodeSeconds(static_cast<double>(decoders)))
+                     : seconds;
   costs_.Add(decoders, rows - decoders, seconds);
   last_batch_s_ = seconds;
   const Clock::time_point now = Clock::now();
   cohorts_.Add(finished_, Seconds(now));
+  prompt_since_decode_s_ += prompt_s;
+  if (decoders > 0) mixed_since_probe_ = rows > decoders ? mixed_since_probe_ + 1 : 0;
   if (decoders > 0) {
+    if (last_decode_ != Clock::time_point{}) {
+      const double round = std::max(
+          0.0, std::chrono::duration<double>(now - last_decode_).count() - prompt_since_decode_s_);
+      decode_round_s_ = decode_round_s_ > 0 ? 0.75 * decode_round_s_ + 0.25 * round : round;
+    }
+    prompt_since_decode_s_ = 0;
     last_decode_ = now;
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
                               : static_cast<double>(decoders);
@@ -498,8 +530,17 @@ void Batcher::SetTurnGate(std::shared_ptr<util::RankGate> gate, int64_t rank,
 }
 
 void Batcher::TakeTurnLocked() {
+  // Prompt rows alone (nobody decodes, or the wait for the decoders ran out:
+  // WaitForDecodersLocked) ask after every decode turn (a higher rank;
+  // RankGate's bypass bound keeps them from starving), and never run beside
+  // another shard's batch on the shared pool, where one of the two would run
+  // on its caller's thread alone.
+  const int64_t rank = DecodePendingLocked() ? turn_rank_ : kPromptTurnRank + turn_rank_;
   mu_.Unlock();
-  const int64_t arrival = turn_gate_->Acquire(turn_rank_);
+  const int64_t arrival = turn_gate_->Acquire(rank);
+  mu_.Lock();
+  if (!DecodePendingLocked()) return;  // nobody to wait for
+  mu_.Unlock();
   // A cohort behind, waiting at an earlier shard now, goes first: its
   // sessions then reach this shard and join this batch (two cohorts that
   // chased each other round the shards merge).
@@ -528,8 +569,10 @@ void Batcher::EndTurn() {
   turn_gate_->Release();
 }
 
-void Batcher::SetObserver(std::function<void(const BatchView&)> observer) {
+void Batcher::SetObserver(std::function<void(const BatchView&)> observer,
+                          std::function<void(const BatchView&)> after) {
   observer_ = std::move(observer);
+  after_observer_ = std::move(after);
 }
 
 }  // namespace meshnet::node

@@ -33,12 +33,16 @@
 //    decode steps of other sessions run between its chunks;
 //  * time-bounded prompt chunks (PrefillBudget): while sessions decode on
 //    this node, the long prompts' rows of one batch are bounded so that they
-//    add at most prefill_share of the time of a batch of the decode steps
-//    alone, as measured on this node (BatchCosts: decode batches and prompt rows
-//    apart), and at least one row. A long prompt then costs
-//    the decoding sessions about (1 + prefill_share) of their inter-token
-//    time, whatever the kernels' speed; with nobody decoding it runs in whole
-//    prefill_chunk rows;
+//    add at most prefill_share of the sessions' round (the time between this
+//    node's batches of their steps, the prompt rows' part aside: one batch in
+//    process, the other shards' or nodes' steps and the hops on a route),
+//    at the costs measured on this node (BatchCosts: decode batches and
+//    prompt rows apart), and at least one row; and prompt rows run only
+//    beside their steps: with none queued, the leader waits for them
+//    (WaitForDecodersLocked, until DecodeQuietAfter). A long prompt then
+//    costs the decoding sessions about (1 + prefill_share) of their
+//    inter-token time, whatever the kernels' speed and however many shards
+//    they cross; with nobody decoding it runs in whole prefill_chunk rows;
 //  * fairness: the queue is FIFO, a partly done step re-queues at the end and
 //    the oldest step is always in the next batch, so every pending step is in
 //    one of the next (pending) batches;
@@ -148,13 +152,17 @@ class Batcher {
   void Hold() EXCLUDES(mu_);
   void Resume() EXCLUDES(mu_);
   void WaitPending(int64_t n) EXCLUDES(mu_);
-  // Called by the leader with each batch before it runs (no lock held).
-  void SetObserver(std::function<void(const BatchView&)> observer);
+  // Called by the leader with each batch before it runs and, if `after` is
+  // set, with the same view once its forward pass is done (no lock held).
+  void SetObserver(std::function<void(const BatchView&)> observer,
+                   std::function<void(const BatchView&)> after = nullptr);
   // Shards that share one compute pool (the in-process route) take turns:
-  // each batch with decode steps is formed and run while holding the place
-  // of `gate` (depth 1; prompt rows alone run when they come, as without),
+  // each batch is formed and run while holding the place of `gate` (depth 1),
   // asked with `rank` (the shard's first layer), so the earliest layers go
-  // first; with its place, the leader first waits, `transit_wait_s` at most,
+  // first, and a batch of prompt rows alone (nobody decoding) after every
+  // batch with decode steps that waits, never beside another shard's batch
+  // on the shared pool; with its place, a decode batch's leader first waits,
+  // `transit_wait_s` at most,
   // for the sessions between two steps (util/transit.h: the answered steps of
   // the batch before, counted in transit before it gives up its place). So the
   // sessions that finish one shard's batch join the next one's, and one that
@@ -198,6 +206,7 @@ class Batcher {
   // mu_ released meanwhile); after its batch, counts the steps it answered in
   // transit, then gives the place up.
   void TakeTurnLocked() REQUIRES(mu_);
+  static constexpr int64_t kPromptTurnRank = int64_t{1} << 40;  // above every layer
   void EndTurn();
   bool DecodePendingLocked() const REQUIRES(mu_);
 
@@ -214,7 +223,8 @@ class Batcher {
   bool running_ GUARDED_BY(mu_) = false;  // a leader is running batches
   bool held_ GUARDED_BY(mu_) = false;
   std::function<void(const BatchView&)> observer_;  // set while no step runs
-  std::shared_ptr<util::RankGate> turn_gate_;       // SetTurnGate; set while no step runs
+  std::function<void(const BatchView&)> after_observer_;
+  std::shared_ptr<util::RankGate> turn_gate_;  // SetTurnGate; set while no step runs
   int64_t turn_rank_ = 0;
   double turn_transit_wait_s_ = 0;
 
@@ -234,6 +244,14 @@ class Batcher {
   BatchCosts costs_ GUARDED_BY(mu_);
   Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
   double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
+  double decode_round_s_ GUARDED_BY(mu_) = 0;        // DecodeLoad::round_s
+  double prompt_since_decode_s_ GUARDED_BY(mu_) = 0;  // prompt rows' time since that batch
+  static constexpr int kDecodeProbeEvery = 8;
+  int mixed_since_probe_ GUARDED_BY(mu_) = 0;  // batches of decode and prompt rows since one alone
+  void CurrentLoadLocked(DecodeLoad* load) const REQUIRES(mu_);  // all but `pending`
+  // While sessions decode (DecodeQuietAfter) and none of their steps is
+  // queued, prompt rows wait for them, to run beside them (PrefillBudget).
+  void WaitForDecodersLocked() REQUIRES(mu_);
   // Regrouping (RegroupWait) by cohort: the cohorts of the last batches, the
   // finished decode steps' id hashes of the batch that just ended (storage
   // reused), the last batch's time, and the clock's zero for the tracker.
