@@ -83,7 +83,7 @@ double DecodeBatchSeconds(const BatchCosts& cost, const DecodeLoad& load) {
 double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
   if (o.prefill_share <= 0 || !cost.ready()) return 0;
   const double decode_batch = DecodeBatchSeconds(cost, load);
-  return std::clamp(2 * load.round_s, 4 * decode_batch, 16 * decode_batch);
+  return std::clamp(4 * load.round_s, 4 * decode_batch, 32 * decode_batch);
 }
 
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {

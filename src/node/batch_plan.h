@@ -79,8 +79,10 @@ struct DecodeLoad {
 };
 
 // Seconds after the last batch with decode steps from which nobody counts as
-// decoding any more: twice their round, at least 4 and at most 16 decode
-// batches (0: prefill_share 0 or no batch measured yet, never decoding).
+// decoding any more: four of their rounds (a shared machine stalls a round
+// now and then: a prompt's whole chunk then would stall them again), at
+// least 4 and at most 32 decode batches (0: prefill_share 0 or no batch
+// measured yet, never decoding).
 double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
 
 // Long prompts' rows one batch may carry: while sessions decode (a decode

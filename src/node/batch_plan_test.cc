@@ -119,25 +119,27 @@ TEST(PrefillBudget, RowsStayWithinTheTimeShare) {
 
 // On a route of several shards or nodes, the sessions' round is several of
 // this node's decode batches: they still count as decoding after 4 of them
-// (twice their round), and the prompt's rows beside their steps take
+// (for four rounds), and the prompt's rows beside their steps take
 // prefill_share of the round, not of this node's batch (it rides in one batch
-// of the round). Bounded: 16 decode batches at most, one at least.
+// of the round). Bounded: the quiet time by 4..32 decode batches, the round
+// by 1..16.
 TEST(PrefillBudget, FollowsTheSessionsRoundAcrossARoute) {
   const BatchCosts cost = FittedCosts();  // 8 decode steps: 60 ms; a prompt row 10 ms
   const BatchOptions o;
   // A round of 180 ms (three shards' batches); the last decode batch ended
-  // 300 ms ago: 5 batches, but within two rounds.
+  // 300 ms ago: 5 batches, but within four rounds.
   DecodeLoad load{.pending = 0, .recent = 8, .since_last_s = 0.3, .round_s = 0.18};
-  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.36, 1e-9);
+  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.72, 1e-9);
   EXPECT_EQ(PrefillBudget(o, cost, load), 9);  // half of 180 ms at 10 ms a row
   load.pending = 8;
   EXPECT_EQ(PrefillBudget(o, cost, load), 9);
-  // Past two rounds: nobody decodes.
-  load = {.pending = 0, .recent = 8, .since_last_s = 0.37, .round_s = 0.18};
+  // Past four rounds: nobody decodes.
+  load = {.pending = 0, .recent = 8, .since_last_s = 0.73, .round_s = 0.18};
   EXPECT_EQ(PrefillBudget(o, cost, load), 512);
-  // A round of 10 s (a stalled client) counts as 16 batches at most.
+  // A round of 10 s (a stalled client) counts as 16 batches at most, its
+  // quiet time 32.
   load = {.pending = 8, .recent = 8, .since_last_s = 0, .round_s = 10};
-  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.96, 1e-9);
+  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 1.92, 1e-9);
   EXPECT_EQ(PrefillBudget(o, cost, load), 48);
   // A round shorter than a batch (none measured yet): one batch.
   load.round_s = 0.001;
