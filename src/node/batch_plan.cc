@@ -83,7 +83,12 @@ double DecodeBatchSeconds(const BatchCosts& cost, const DecodeLoad& load) {
 double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
   if (o.prefill_share <= 0 || !cost.ready()) return 0;
   const double decode_batch = DecodeBatchSeconds(cost, load);
-  return std::clamp(4 * load.round_s, 4 * decode_batch, 32 * decode_batch);
+  return std::clamp(4 * load.round_s, 4 * decode_batch, kQuietBatches * decode_batch);
+}
+
+double NextRound(double round_s, double interval_s, double decode_batch_s) {
+  if (!(interval_s >= 0) || interval_s > kQuietBatches * decode_batch_s) return round_s;
+  return round_s > 0 ? 0.75 * round_s + 0.25 * interval_s : interval_s;
 }
 
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {

@@ -78,6 +78,14 @@ struct DecodeLoad {
   double round_s = 0;
 };
 
+// The round's moving average after one more: `interval_s` from the last batch
+// with decode steps to this one, the prompt rows' part aside. An interval
+// longer than kQuietBatches batches of `decode_batch_s` is a pause (the
+// sessions stopped, and others began), not a round: it leaves the average as
+// it was.
+inline constexpr double kQuietBatches = 32;
+double NextRound(double round_s, double interval_s, double decode_batch_s);
+
 // Seconds after the last batch with decode steps from which nobody counts as
 // decoding any more: four of their rounds (a shared machine stalls a round
 // now and then: a prompt's whole chunk then would stall them again), at

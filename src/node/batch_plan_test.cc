@@ -150,6 +150,17 @@ TEST(PrefillBudget, FollowsTheSessionsRoundAcrossARoute) {
   EXPECT_EQ(DecodeQuietAfter(o, BatchCosts(), load), 0);
 }
 
+// The round follows the intervals between decode batches, but a pause (the
+// sessions stopped for seconds, then others began) is not a round: counted,
+// it would let whole chunks of a prompt beside the new sessions' steps.
+TEST(NextRound, FollowsRoundsAndSkipsPauses) {
+  EXPECT_NEAR(NextRound(0, 0.030, 0.010), 0.030, 1e-12);      // the first
+  EXPECT_NEAR(NextRound(0.030, 0.070, 0.010), 0.040, 1e-12);  // a moving average
+  EXPECT_NEAR(NextRound(0.040, 10.0, 0.010), 0.040, 1e-12);   // a 10 s pause
+  EXPECT_NEAR(NextRound(0, 10.0, 0.010), 0, 1e-12);
+  EXPECT_NEAR(NextRound(0.040, 0.320, 0.010), 0.110, 1e-12);  // 32 batches: still a round
+}
+
 // While prompt rows ride beside the decode steps, the few batches of decode
 // steps alone set the decode fit's level: a fit still weighted by slow first
 // batches follows them at once.

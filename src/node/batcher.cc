@@ -322,7 +322,8 @@ void Batcher::CompleteLocked(double seconds) {
     if (last_decode_ != Clock::time_point{}) {
       const double round = std::max(
           0.0, std::chrono::duration<double>(now - last_decode_).count() - prompt_since_decode_s_);
-      decode_round_s_ = decode_round_s_ > 0 ? 0.75 * decode_round_s_ + 0.25 * round : round;
+      decode_round_s_ =
+          NextRound(decode_round_s_, round, costs_.DecodeSeconds(std::max(decoders_, 1.0)));
     }
     prompt_since_decode_s_ = 0;
     last_decode_ = now;
