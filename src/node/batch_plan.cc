@@ -30,7 +30,8 @@ void BatchOptions::Validate() const {
 }
 
 bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o) {
-  return q.total > 1 && q.total <= std::min({o.short_prompt, o.prefill_chunk, o.max_batch_tokens});
+  return q.opens && q.total > 1 &&
+         q.total <= std::min({o.short_prompt, o.prefill_chunk, o.max_batch_tokens});
 }
 
 void PlanBatch(std::span<const QueuedRows> queue, const BatchOptions& o, int64_t prefill_budget,
@@ -83,7 +84,8 @@ double DecodeBatchSeconds(const BatchCosts& cost, const DecodeLoad& load) {
 double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load) {
   if (o.prefill_share <= 0 || !cost.ready()) return 0;
   const double decode_batch = DecodeBatchSeconds(cost, load);
-  return std::clamp(4 * load.round_s, 4 * decode_batch, kQuietBatches * decode_batch);
+  return std::max(std::clamp(4 * load.round_s, 4 * decode_batch, kQuietBatches * decode_batch),
+                  kMinQuietS);
 }
 
 double NextRound(double round_s, double interval_s, double decode_batch_s) {
@@ -97,11 +99,17 @@ int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const Decod
   const bool decoding = load.pending > 0 || load.since_last_s < DecodeQuietAfter(o, cost, load);
   if (!decoding) return all;
   // The sessions' round: one batch here in process; across three shards or
-  // nodes, three batches and the hops, while the prompt rides in one of them.
+  // nodes, three batches and the hops, of which this node's part is 1/hops.
   const double decode_batch = DecodeBatchSeconds(cost, load);
   const double round = std::clamp(load.round_s, decode_batch, 16 * decode_batch);
+  // This hop's part: with prompt rows on every one of h hops at once, each
+  // adds p to the round that the others see (round = R0 + (h-1)p here), and
+  // p = share * round / (h + share * (h-1)) solves to p = share * R0 / h: the
+  // h parts add up to the share of the round without prompts.
+  const double h = std::max(load.hops, 1);
+  const double part = round / (h + o.prefill_share * (h - 1));
   const double row = cost.PromptRowSeconds();
-  const double rows = row > 0 ? o.prefill_share * round / row * (1 + 1e-9) : 1e9;
+  const double rows = row > 0 ? o.prefill_share * part / row * (1 + 1e-9) : 1e9;
   const int64_t floor = std::min(o.prefill_chunk, BatchOptions::kMinPrefillRows);
   return std::clamp(static_cast<int64_t>(std::min(rows, 1e9)), floor, all);
 }

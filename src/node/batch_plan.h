@@ -6,9 +6,10 @@
 //  1. the oldest step, always (nothing starves): a decode step's row, a short
 //     prompt whole, or a long prompt's next chunk;
 //  2. every decode step (one row each: decode first);
-//  3. every short prompt (a step of at most short_prompt rows and at most one
-//     chunk) whole, or what is left of it: a new session's prompt is cheap, and chunking it
-//     only delays its first token (a burst of new sessions then gets their
+//  3. every short prompt (a step that opens its context with at most
+//     short_prompt rows and at most one chunk; a piece of a longer prompt
+//     the client sends in parts is not one) whole, or what is left of it: a new session's prompt is
+//     cheap, and chunking it only delays its first token (a burst of new sessions then gets their
 //     first tokens as fast as without the time bound below);
 //  4. the rows of long prompts (and of short ones the rows left could not
 //     hold whole), in arrival order, one chunk per step of at
@@ -53,6 +54,7 @@ struct BatchOptions {
 struct QueuedRows {
   int64_t total = 0;  // the step's rows
   int64_t done = 0;   // rows already computed (earlier chunks)
+  bool opens = true;  // the step opens its context (position 0): a whole prompt
 };
 
 // A step of one row: a decode step (or a one-token prompt).
@@ -76,6 +78,9 @@ struct DecodeLoad {
   // time in them (moving average; 0: none measured). One batch in process; on
   // a route of several nodes or shards, the others' steps and the hops too.
   double round_s = 0;
+  // The most hops on the routes of the decoding sessions (their clients say;
+  // 0 or 1: one). Each node may add its 1/hops part of the share.
+  int hops = 0;
 };
 
 // The round's moving average after one more: `interval_s` from the last batch
@@ -84,6 +89,11 @@ struct DecodeLoad {
 // sessions stopped, and others began), not a round: it leaves the average as
 // it was.
 inline constexpr double kQuietBatches = 32;
+// ... and never less than this: a stall of the whole route (a preempted
+// process, a slow client) shorter than it does not make a node think its
+// sessions have gone, which would let a whole prompt chunk through and stall
+// them again, on every hop holding prompt rows in turn.
+inline constexpr double kMinQuietS = 0.25;
 double NextRound(double round_s, double interval_s, double decode_batch_s);
 
 // Seconds after the last batch with decode steps from which nobody counts as
@@ -95,13 +105,19 @@ double DecodeQuietAfter(const BatchOptions& o, const BatchCosts& cost, const Dec
 
 // Long prompts' rows one batch may carry: while sessions decode (a decode
 // step is pending, or one ran within DecodeQuietAfter: their next step may be
-// on the route's other nodes, or sampling), the rows that add at most
-// prefill_share of their round (at least a batch of the decode steps alone,
-// at most 16), as `cost` measured a decode batch and a prompt row (at least
-// one row: the oldest step always moves); otherwise (nobody decoding, share 0
-// or no batch measured yet) max_batch_tokens. node::Batcher runs prompt rows
-// only beside decode steps while sessions decode, so the prompt adds about
-// prefill_share to their inter-token time however many nodes they cross.
+// on the route's other nodes, or sampling), this hop's part of
+// prefill_share of their round: share * round / (hops + share * (hops - 1))
+// (the round at least a batch of the decode steps alone, at most 16), as
+// `cost` measured a decode batch and a prompt row (at least one row: the
+// oldest step always moves); otherwise (nobody decoding, share 0 or no batch
+// measured yet) max_batch_tokens. The part is what makes the parts of every
+// hop holding prompt rows at once (a prompt sent in pipelined pieces is on
+// every hop) add up to prefill_share of the round without prompts: each hop
+// sees a round the others' prompt rows lengthen, and had each taken the whole
+// share of it, the round would grow without bound. node::Batcher runs prompt
+// rows only beside decode steps while sessions decode, so prompts add at most
+// about prefill_share to their inter-token time however many hops they cross
+// and however many of those hold prompt rows.
 int64_t PrefillBudget(const BatchOptions& o, const BatchCosts& cost, const DecodeLoad& load);
 
 // Regrouping (adaptive, no fixed waiting window). The decode sessions that

@@ -74,6 +74,12 @@ TEST(PlanBatch, WhatCountsAsShort) {
   EXPECT_FALSE(IsShortPrompt(kDecode, o));
   EXPECT_FALSE(IsShortPrompt(Prompt(2), BatchOptions{.short_prompt = 0}));
   EXPECT_FALSE(IsShortPrompt(Prompt(8), BatchOptions{.max_batch_tokens = 7}));
+  // A piece of a longer prompt that its client sends in parts (it does not
+  // open the context) is not short, however few its rows: pieces of 16
+  // would otherwise pass the whole prompt by the time bound.
+  const QueuedRows piece{.total = 16, .done = 0, .opens = false};
+  EXPECT_FALSE(IsShortPrompt(piece, o));
+  EXPECT_EQ(Plan({kDecode, piece}, o, 3), (std::vector<int64_t>{1, 3}));
 }
 
 // The oldest step always runs, whatever the limits leave: with two sessions
@@ -141,13 +147,39 @@ TEST(PrefillBudget, FollowsTheSessionsRoundAcrossARoute) {
   load = {.pending = 8, .recent = 8, .since_last_s = 0, .round_s = 10};
   EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 1.92, 1e-9);
   EXPECT_EQ(PrefillBudget(o, cost, load), 48);
-  // A round shorter than a batch (none measured yet): one batch.
+  // A round shorter than a batch (none measured yet): one batch; the quiet
+  // time never under kMinQuietS (0.25 s, above 4 batches of 60 ms here).
   load.round_s = 0.001;
-  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.24, 1e-9);
+  EXPECT_NEAR(DecodeQuietAfter(o, cost, load), 0.25, 1e-9);
   EXPECT_EQ(PrefillBudget(o, cost, load), 3);
   // Share 0 or nothing measured: never decoding.
   EXPECT_EQ(DecodeQuietAfter(BatchOptions{.prefill_share = 0}, cost, load), 0);
   EXPECT_EQ(DecodeQuietAfter(o, BatchCosts(), load), 0);
+}
+
+// On a route of h hops each node gives prompts its part of the share, so
+// that with a prompt's pieces on every hop at once (pipelined) the parts add
+// up to the share of the round without prompts. Were each hop to take the
+// whole share of a round that the others' prompt rows lengthen, the round
+// would grow without bound.
+TEST(PrefillBudget, EachHopTakesItsPartOfTheShare) {
+  const BatchCosts cost = FittedCosts();  // 8 decode steps: 60 ms; a prompt row 10 ms
+  BatchOptions o{.prefill_share = 1};
+  DecodeLoad load{.pending = 8, .recent = 8, .since_last_s = 0, .round_s = 0.18};
+  EXPECT_EQ(PrefillBudget(o, cost, load), 18);  // hops not said: the whole share
+  load.hops = 1;
+  EXPECT_EQ(PrefillBudget(o, cost, load), 18);
+  // 3 hops, every one holding prompt rows: without prompts the round is
+  // R0; each hop adds p and sees R0 + 2p; p = share * (R0 + 2p) / (3 + 2 *
+  // share) gives p = R0 / 3: the round doubles (share 1), no more. Here the
+  // round seen is 180 ms: R0 = 108 ms, p = 36 ms, 3 rows of 10 ms.
+  load.hops = 3;
+  EXPECT_EQ(PrefillBudget(o, cost, load), 3);
+  load.hops = 60;
+  EXPECT_EQ(PrefillBudget(o, cost, load), 1);  // the floor of one row
+  // Nobody decoding: every row, whatever the route.
+  load = {.pending = 0, .recent = 8, .since_last_s = 1, .round_s = 0.18, .hops = 3};
+  EXPECT_EQ(PrefillBudget(o, cost, load), 512);
 }
 
 // The round follows the intervals between decode batches, but a pause (the

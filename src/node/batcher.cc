@@ -249,8 +249,11 @@ void Batcher::FormLocked() {
   DecodeLoad load;
   for (Item* it = head_; it != nullptr; it = it->next) {
     queued_items_.push_back(it);
-    queued_rows_.push_back({it->step->n_new, it->done});
-    if (IsDecode(*it->step)) ++load.pending;
+    queued_rows_.push_back({it->step->n_new, it->done, it->step->step.start_pos() == 0});
+    if (IsDecode(*it->step)) {
+      ++load.pending;
+      load.hops = std::max(load.hops, it->step->route_hops);
+    }
   }
   load.pending = std::min(load.pending, options_.max_batch_sessions);
   CurrentLoadLocked(&load);
@@ -277,6 +280,7 @@ void Batcher::CurrentLoadLocked(DecodeLoad* load) const {
   load->recent = decoders_;
   load->since_last_s = std::chrono::duration<double>(Clock::now() - last_decode_).count();
   load->round_s = decode_round_s_;
+  load->hops = std::max(load->hops, decode_hops_);
 }
 
 void Batcher::WaitForDecodersLocked() {
@@ -292,10 +296,14 @@ void Batcher::WaitForDecodersLocked() {
 
 void Batcher::CompleteLocked(double seconds) {
   int64_t rows = 0, decoders = 0;
+  int hops = 0;
   finished_.clear();
   for (Item* it : batch_) {
     rows += it->take;
-    if (IsDecode(*it->step)) ++decoders;
+    if (IsDecode(*it->step)) {
+      ++decoders;
+      hops = std::max(hops, it->step->route_hops);
+    }
     it->done += it->take;
     if (it->error || it->done == it->step->n_new) {
       it->finished = true;
@@ -327,6 +335,7 @@ void Batcher::CompleteLocked(double seconds) {
     }
     prompt_since_decode_s_ = 0;
     last_decode_ = now;
+    decode_hops_ = hops;
     decoders_ = decoders_ > 0 ? 0.75 * decoders_ + 0.25 * static_cast<double>(decoders)
                               : static_cast<double>(decoders);
   }

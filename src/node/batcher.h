@@ -245,6 +245,7 @@ class Batcher {
   Clock::time_point last_decode_ GUARDED_BY(mu_){};  // end of the last batch with decode steps
   double decoders_ GUARDED_BY(mu_) = 0;              // decode steps per such batch (moving average)
   double decode_round_s_ GUARDED_BY(mu_) = 0;        // DecodeLoad::round_s
+  int decode_hops_ GUARDED_BY(mu_) = 0;              // DecodeLoad::hops of the last such batch
   double prompt_since_decode_s_ GUARDED_BY(mu_) = 0;  // prompt rows' time since that batch
   static constexpr int kDecodeProbeEvery = 8;
   int mixed_since_probe_ GUARDED_BY(mu_) = 0;  // batches of decode and prompt rows since one alone

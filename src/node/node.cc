@@ -1,5 +1,6 @@
 #include "node/node.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
@@ -66,10 +67,15 @@ shard::BeginResult Node::Begin(StepRequest& request) {
   shard::StepInput input;
   input.token_ids = TokensOf(request);
   if (request.bundle) input.bundle = &*request.bundle;
-  return request.prefill ? adapter_->BeginPrefill(request.session_id, request.route_epoch, input,
-                                                  request.sampling)
-                         : adapter_->BeginDecode(request.session_id, request.route_epoch, input,
-                                                 request.expected_seq_len, request.sampling);
+  shard::BeginResult begun =
+      request.prefill
+          ? adapter_->BeginPrefill(request.session_id, request.route_epoch, input, request.sampling)
+          : adapter_->BeginDecode(request.session_id, request.route_epoch, input,
+                                  request.expected_seq_len, request.sampling);
+  if (auto* p = std::get_if<shard::PendingStep>(&begun)) {
+    p->route_hops = std::clamp(request.route_hops, 0, kMaxRouteHops);
+  }
+  return begun;
 }
 
 StepResult Node::Step(StepRequest& request) {

@@ -52,7 +52,13 @@ struct StepRequest {
   std::vector<int32_t> token_ids;               // head
   std::optional<shard::BoundaryBundle> bundle;  // middle / tail
   shard::SamplingContract sampling;             // used by the tail
+  // Hops on the sender's route (0: not said): each node gives long prompts
+  // its 1/route_hops part of the decoding sessions' share (node::PrefillBudget).
+  int route_hops = 0;
 };
+
+// The most hops a step may say its route has.
+inline constexpr int kMaxRouteHops = 1024;
 
 using StepResult = std::variant<shard::BoundaryBundle, shard::TailOutput, kv::CacheMiss>;
 

@@ -253,6 +253,7 @@ void EncodeStepRequest(const node::StepRequest& r, KvDtype input_dtype, KvDtype 
   EncodeSampling(r.sampling, out->mutable_sampling());
   out->set_output_dtype(ToWireDtype(output_dtype));
   out->set_omit_logits(!want_logits);
+  out->set_route_hops(r.route_hops);
 }
 
 node::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch) {
@@ -281,6 +282,10 @@ node::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
   r.route_epoch = in.route_epoch();
   r.step_id = in.step_id();
   r.prefill = in.prefill();
+  if (in.route_hops() < 0 || in.route_hops() > node::kMaxRouteHops) {
+    ThrowInvalidArgument("route_hops must be in 0.." + std::to_string(node::kMaxRouteHops));
+  }
+  r.route_hops = in.route_hops();
   if (in.has_expected_seq_len()) {
     if (in.expected_seq_len() < 0) ThrowInvalidArgument("expected_seq_len must be >= 0");
     r.expected_seq_len = in.expected_seq_len();

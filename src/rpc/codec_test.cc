@@ -120,6 +120,7 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
   r.sampling.temperature = 0.5f;
   r.sampling.top_k = 3;
   r.sampling.seed = 11;
+  r.route_hops = 3;
   pb::StepRequest wire;
   EncodeStepRequest(r, KvDtype::kF32, KvDtype::kBF16, false, &wire);
   EXPECT_EQ(wire.output_dtype(), pb::DTYPE_BF16);
@@ -135,6 +136,7 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
   EXPECT_EQ(back.sampling.top_k, 3);
   EXPECT_EQ(back.sampling.seed, 11u);
   EXPECT_EQ(back.sampling.top_p, 1.0f);
+  EXPECT_EQ(back.route_hops, 3);
 
   pb::StepRequest w = wire;
   w.set_session_id("not-hex");
@@ -151,6 +153,11 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
   w = wire;
   w.set_route_epoch(-1);
   ExpectThrowsKind([&] { DecodeStepRequest(w); }, ErrorKind::kInvalidArgument, "epoch");
+  for (int hops : {-1, node::kMaxRouteHops + 1}) {
+    w = wire;
+    w.set_route_hops(hops);
+    ExpectThrowsKind([&] { DecodeStepRequest(w); }, ErrorKind::kInvalidArgument, "route_hops");
+  }
 }
 
 TEST(CodecTest, ResultsRoundTrip) {

@@ -52,6 +52,9 @@ struct PendingStep {
   // (a batch runs the LM head over every finished session at once).
   std::vector<float> logits;
   bool logits_ready = false;
+  // Hops on the client's route (node::StepRequest::route_hops; 0: not said):
+  // a scheduling hint for the node's batcher (node::DecodeLoad::hops).
+  int route_hops = 0;
 };
 using BeginResult = std::variant<PendingStep, kv::CacheMiss>;
 
