@@ -26,6 +26,9 @@
 //    deeper step attends over more positions, which is not the prefill's
 //    doing); p99 of the inter-token gaps that overlap the prefill over the
 //    baseline's p99 (goal <= 2: chunked prefill).
+//  * Prefill/<type>/<route>: one --mb_long_prompt-token prompt alone, sent
+//    whole and in --mb_prompt_chunk pieces (pipelined over the hops),
+//    alternately: chunked_speedup is whole over chunked.
 //
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
@@ -39,7 +42,9 @@
 // <route>_chunkN with --prefill-chunk N, <route>_shareX with --prefill-share X; Ratios then adds
 // <route>_16_batch_gain)
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
-// Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none). Each benchmark
+// Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none)
+// --mb_prefill=3node_depth1 (routes of Prefill; default none) --mb_prompt_chunk=512
+// (Prefill's pieces). Each benchmark
 // runs one iteration (a run of many sessions is its own repetition).
 #include <benchmark/benchmark.h>
 #include <time.h>
@@ -83,6 +88,8 @@ struct BenchFlags {
   int long_prompt = 2000;
   int node_threads = 1;
   std::vector<std::string> mixed = {"inproc"};  // routes of the Mixed benchmark
+  std::vector<std::string> prefill;             // routes of the Prefill benchmark
+  int64_t prompt_chunk = 512;                   // Prefill's pieces
 };
 
 BenchFlags& Flags() {
@@ -124,6 +131,10 @@ void ParseFlags(int* argc, char** argv) {
       f.node_threads = std::stoi(v);
     } else if (const char* v = value("mb_mixed")) {
       f.mixed = std::string(v) == "0" ? std::vector<std::string>{} : SplitCsv(v);
+    } else if (const char* v = value("mb_prefill")) {
+      f.prefill = std::string(v) == "0" ? std::vector<std::string>{} : SplitCsv(v);
+    } else if (const char* v = value("mb_prompt_chunk")) {
+      f.prompt_chunk = std::stoll(v);
     } else {
       argv[kept++] = argv[i];
     }
@@ -164,7 +175,8 @@ using bench::SelfCpuSeconds;
 // StepMany grouping, ClientOptions::group_steps), "3node_depthN" limits the
 // client to N calls in flight (ClientOptions::pipeline_depth),
 // "<route>_chunkN" sets their --prefill-chunk to N, "<route>_shareX" their
-// --prefill-share to X.
+// --prefill-share to X, "<route>_pchunkN" has the client send long prompts in
+// pipelined pieces of N (GenerateOptions::prefill_chunk).
 class Route {
  public:
   Route(const std::string& type, const std::string& route_name) {
@@ -176,6 +188,9 @@ class Route {
     const size_t share_at = route_name.find("_share");
     const std::string share = share_at == std::string::npos ? "" : route_name.substr(share_at + 6);
     const std::string kind = route_name.substr(0, route_name.find('_'));
+    const size_t pchunk_at = route_name.find("_pchunk");
+    if (pchunk_at != std::string::npos)
+      prefill_chunk_ = std::stoll(route_name.substr(pchunk_at + 7));
     if (kind == "inproc" || kind == "inproc3") {
       file_ = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path));
       pool_ = std::make_unique<ThreadPool>(2);
@@ -228,6 +243,7 @@ class Route {
     provider_ = rpc::MakeRemoteRouteProvider(addresses_, co);
   }
   mesh::RouteProvider& provider() { return *provider_; }
+  int64_t prefill_chunk() const { return prefill_chunk_; }
   // The in-process node's batch counters (null for the 3-node route).
   const node::BatchStats* stats() const {
     return mesh_ ? &mesh_->node(0).batcher().stats() : nullptr;
@@ -246,6 +262,7 @@ class Route {
   std::vector<std::unique_ptr<rpc::testing::NodeProcess>> nodes_;
   std::vector<std::string> addresses_;
   std::unique_ptr<mesh::RouteProvider> provider_;
+  int64_t prefill_chunk_ = 0;
 };
 
 // One route at a time stays up (three processes mapping a model each).
@@ -441,10 +458,10 @@ std::vector<double> Gaps(const std::vector<std::vector<Clock::time_point>>& time
 // Go() is called; its interval is [start, end].
 class LongPrompt {
  public:
-  LongPrompt(mesh::RouteProvider& provider, int tokens) {
+  LongPrompt(mesh::RouteProvider& provider, int tokens, int64_t chunk) {
     std::vector<int32_t> ids = {1};
     for (int i = 1; i < tokens; ++i) ids.push_back(3 + (i * 31) % 500);
-    thread_ = std::thread([this, &provider, ids] {
+    thread_ = std::thread([this, &provider, ids, chunk] {
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [this] { return go_; });
@@ -452,6 +469,7 @@ class LongPrompt {
       start_ = Clock::now();
       mesh::GenerateOptions o;
       o.max_tokens = 1;
+      o.prefill_chunk = chunk;
       try {
         mesh::Generate(provider, ids, o);
       } catch (const std::exception& e) {
@@ -494,7 +512,7 @@ void BM_Mixed(benchmark::State& state, std::string type, std::string route_name)
   double prefill_s = 0;
   int depth = 0;
   for (auto _ : state) {
-    LongPrompt prompt(route.provider(), Flags().long_prompt);
+    LongPrompt prompt(route.provider(), Flags().long_prompt, route.prefill_chunk());
     const auto times = RunDecoders(
         route.provider(), kSessions, [&](int n) { return prompt.done() && n >= min_tokens; },
         [&] { prompt.Go(); });
@@ -524,6 +542,37 @@ void BM_Mixed(benchmark::State& state, std::string type, std::string route_name)
   state.counters["prefill_tok_per_s"] = prefill_s > 0 ? Flags().long_prompt / prefill_s : 0;
 }
 
+// One --mb_long_prompt-token prompt alone (one generated token), sent whole
+// and in --mb_prompt_chunk pieces alternately, three times each: the median
+// times and chunked_speedup (whole over chunked; > 1: the pieces' pipelining
+// across the hops wins over their per-piece costs).
+void BM_Prefill(benchmark::State& state, std::string type, std::string route_name) {
+  Route& route = RouteFor(type, route_name);
+  std::vector<double> whole, chunked;
+  auto run = [&](int64_t chunk) {
+    LongPrompt prompt(route.provider(), Flags().long_prompt, chunk);
+    prompt.Join();
+    if (!prompt.error().empty()) throw std::runtime_error(prompt.error());
+    return std::chrono::duration<double>(prompt.end() - prompt.start()).count();
+  };
+  for (auto _ : state) {
+    try {
+      for (int r = 0; r < 3; ++r) {
+        whole.push_back(run(0));
+        chunked.push_back(run(Flags().prompt_chunk));
+      }
+    } catch (const std::exception& e) {
+      return state.SkipWithError(e.what());
+    }
+  }
+  const double w = mesh::Percentile(whole, 0.5), c = mesh::Percentile(chunked, 0.5);
+  state.counters["whole_s"] = w;
+  state.counters["chunked_s"] = c;
+  state.counters["whole_tok_per_s"] = w > 0 ? Flags().long_prompt / w : 0;
+  state.counters["chunked_tok_per_s"] = c > 0 ? Flags().long_prompt / c : 0;
+  state.counters["chunked_speedup"] = c > 0 ? w / c : 0;
+}
+
 void Register() {
   const BenchFlags& f = Flags();
   for (const std::string& type : f.types) {
@@ -540,6 +589,12 @@ void Register() {
     benchmark::RegisterBenchmark(("Ratios/" + type).c_str(), [=](benchmark::State& s) {
       BM_Ratios(s, type);
     })->Iterations(1);
+    for (const std::string& route : f.prefill) {
+      benchmark::RegisterBenchmark(("Prefill/" + type + "/" + route).c_str(),
+                                   [=](benchmark::State& s) { BM_Prefill(s, type, route); })
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
     for (const std::string& route : f.mixed) {
       benchmark::RegisterBenchmark(("Mixed/" + type + "/" + route).c_str(),
                                    [=](benchmark::State& s) { BM_Mixed(s, type, route); })

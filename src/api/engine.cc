@@ -114,6 +114,7 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
   mesh::GenerateOptions options;
   options.max_tokens = gen.max_tokens;
   options.sampling = gen.sampling;
+  options.prefill_chunk = options_.prefill_chunk;
   if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
   options.stop_ids = tokenizer_.eog_ids();  // eos, eot, eom, <|im_end|>, ...
   mesh::GenerateEvents events;

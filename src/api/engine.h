@@ -36,6 +36,7 @@ struct EngineOptions {
   int64_t ctx = 0;         // positions per session (prompt + completion)
   int max_concurrent = 4;
   int max_queue = 64;
+  int64_t prefill_chunk = 0;  // mesh::GenerateOptions::prefill_chunk
 };
 
 // A generation ready to run.

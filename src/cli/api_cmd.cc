@@ -52,7 +52,8 @@ struct ApiFlags {
   registry::EtcdSecurity etcd;
   ClientSecurityFlags nodes_client;  // --auth-token, --node-tls-*
   double timeout_s = 30.0;
-  int pipeline_depth = 0;  // --pipeline-depth (rpc::ClientOptions)
+  int pipeline_depth = 0;                      // --pipeline-depth (rpc::ClientOptions)
+  int64_t prompt_chunk = kDefaultPromptChunk;  // --prompt-chunk
   std::string api_key;
   std::string tls_cert;
   std::string tls_key;
@@ -205,6 +206,7 @@ int RunApi(const ApiFlags& f) {
   eo.ctx = f.ctx > 0 ? f.ctx : (model_ctx > 0 ? model_ctx : 2048);
   eo.max_concurrent = f.max_concurrent;
   eo.max_queue = f.queue;
+  eo.prefill_chunk = f.prompt_chunk;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
   ExposeRouteCosts(route.remote, engine.metrics());
 
@@ -258,6 +260,7 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes/--registry")
       ->capture_default_str();
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
+  AddPromptChunkFlag(sub, &f->prompt_chunk);
   sub->add_option("--api-key", f->api_key,
                   "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");
   sub->add_option("--tls-cert", f->tls_cert, "Serve HTTPS with this certificate (PEM)");

@@ -78,6 +78,15 @@ void AddPipelineDepthFlag(CLI::App* sub, int* depth) {
       ->capture_default_str();
 }
 
+void AddPromptChunkFlag(CLI::App* sub, int64_t* chunk) {
+  sub->add_option("--prompt-chunk", *chunk,
+                  "Send a prompt longer than this many tokens through the route in pieces of "
+                  "at most this many, pipelined: each hop works on a piece while the next hop "
+                  "works on the one before, and no message carries more (0 = whole)")
+      ->check(IntRange(0, int64_t{1} << 30))
+      ->capture_default_str();
+}
+
 void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f) {
   sub->add_option("--etcd-ca", f->ca_file,
                   "With --registry etcds://...: CA (PEM) of etcd's server certificate. Without "

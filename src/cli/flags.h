@@ -92,4 +92,9 @@ void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f);
 inline constexpr int kMaxPipelineDepth = 1024;
 void AddPipelineDepthFlag(CLI::App* sub, int* depth);
 
+// --prompt-chunk (mesh::GenerateOptions::prefill_chunk), default
+// kDefaultPromptChunk, for the commands that drive sessions over a route.
+inline constexpr int64_t kDefaultPromptChunk = 256;
+void AddPromptChunkFlag(CLI::App* sub, int64_t* chunk);
+
 }  // namespace meshnet::cli

@@ -50,7 +50,8 @@ struct GenerateFlags {
   registry::EtcdSecurity etcd;
   ClientSecurityFlags client;
   double timeout_s = 30.0;
-  int pipeline_depth = 0;  // --pipeline-depth (rpc::ClientOptions)
+  int pipeline_depth = 0;                      // --pipeline-depth (rpc::ClientOptions)
+  int64_t prompt_chunk = kDefaultPromptChunk;  // --prompt-chunk
   bool no_bos = false;
   bool special = false;
   std::string dump_logits;
@@ -148,6 +149,7 @@ mesh::GenerateOptions MakeGenerateOptions(const GenerateFlags& f, const gguf::Gg
   options.sampling.Validate();
   if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
   options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
+  options.prefill_chunk = f.prompt_chunk;
   return options;
 }
 
@@ -310,6 +312,7 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
                   "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
       ->capture_default_str();
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
+  AddPromptChunkFlag(sub, &f->prompt_chunk);
   return sessions;
 }
 

@@ -48,11 +48,13 @@ struct RunOutput {
 };
 
 RunOutput Generate(InProcessMesh& mesh, const std::vector<int32_t>& prompt, int n,
-                   const GenerateEvents& extra = {}, shard::SamplingContract sampling = {}) {
+                   const GenerateEvents& extra = {}, shard::SamplingContract sampling = {},
+                   int64_t prefill_chunk = 0) {
   FixedRouteProvider provider(mesh.route());
   GenerateOptions o;
   o.max_tokens = n;
   o.sampling = sampling;
+  o.prefill_chunk = prefill_chunk;
   RunOutput run;
   GenerateEvents ev = extra;
   ev.on_logits = [&](std::span<const float> l) { run.logits.emplace_back(l.begin(), l.end()); };
@@ -186,6 +188,39 @@ TEST(Generation, SeededSamplingIsReproducible) {
   const RunOutput c = Generate(mesh, prompt, 32, {}, s);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_NE(a.tokens, c.tokens);
+}
+
+// A long prompt sent in pipelined pieces (GenerateOptions::prefill_chunk)
+// gives the tokens and, with float32 KV, the logits of the prompt sent whole,
+// greedy and sampled, on every split into 1-3 shards.
+TEST(Generation, ChunkedPrefillGivesTheSameTokensAndLogits) {
+  const auto tok = model::Tokenizer::FromGguf(*File());
+  const std::vector<int32_t> prompt = tok.Encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she saw a big red ball.",
+      true);
+  ASSERT_GT(prompt.size(), 30u);
+  for (int shards = 1; shards <= 3; ++shards) {
+    InProcessMeshOptions mo;
+    mo.split = node::EvenSplit(shards, 5);
+    mo.kv_dtype = KvDtype::kF32;
+    InProcessMesh mesh(File(), mo, Pool());
+    for (const shard::SamplingContract& s :
+         {shard::SamplingContract{}, shard::SamplingContract{0.9f, 40, 0.95f, 7}}) {
+      const RunOutput whole = Generate(mesh, prompt, 16, {}, s);
+      for (int64_t chunk : {1, 7, 16}) {
+        const RunOutput run = Generate(mesh, prompt, 16, {}, s, chunk);
+        ASSERT_EQ(run.tokens, whole.tokens) << shards << " shards, chunk " << chunk;
+        ASSERT_EQ(run.logits.size(), whole.logits.size());
+        for (size_t t = 0; t < whole.logits.size(); ++t) {
+          for (size_t i = 0; i < whole.logits[t].size(); ++i) {
+            ASSERT_NEAR(run.logits[t][i], whole.logits[t][i], 1e-4)
+                << shards << " shards, chunk " << chunk << ", token " << t;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "mesh/route_step.h"
 #include "node/identity.h"
 #include "util/error.h"
 
@@ -35,102 +36,6 @@ void FixedRouteProvider::MarkDead(const ShardEndpoint& endpoint) {
 }
 
 namespace {
-
-// The outcome of pushing one step through every hop of the route.
-struct StepOutcome {
-  std::optional<int32_t> token;             // the tail's sample
-  std::vector<float> logits;                // the tail's logits
-  std::optional<kv::CacheMiss> miss;        // some hop lost its state
-  const ShardEndpoint* dead_hop = nullptr;  // some hop is unreachable
-  std::string dead_reason;
-  int moves = 0;                            // hops that followed a "moved to"
-  const ShardEndpoint* busy_hop = nullptr;  // some hop refused it for now (admission)
-  std::string busy_reason;
-};
-
-// At most this many "moved to" redirects per hop and step (a chain of drains).
-constexpr int kMaxMovesPerHop = 4;
-
-// Runs `req` on hop i of `route`, following "moved to" answers to nodes the
-// provider knows (the hop is replaced in `route`). A decode request is kept
-// for the re-send; a prefill is not (it is never answered "moved").
-StepResult StepHop(Route& route, size_t i, StepRequest req, RouteProvider& provider, int* moves) {
-  for (int redirects = 0;; ++redirects) {
-    std::optional<StepRequest> again;
-    if (!req.prefill) again = req;
-    StepResult result = route.hops[i]->Step(std::move(req));
-    auto* miss = std::get_if<kv::CacheMiss>(&result);
-    if (miss == nullptr || miss->reason != kv::CacheMissReason::kMoved || !again ||
-        redirects >= kMaxMovesPerHop) {
-      return result;
-    }
-    std::shared_ptr<ShardEndpoint> next = provider.EndpointFor(miss->moved_to);
-    if (!next) return result;
-    route.hops[i] = std::move(next);
-    ++*moves;
-    req = std::move(*again);
-  }
-}
-
-StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const std::string& session,
-                         const std::string& secret, int64_t epoch, uint64_t step_id, bool prefill,
-                         std::span<const int32_t> tokens, std::optional<int64_t> expected,
-                         const shard::SamplingContract& sampling) {
-  StepOutcome out;
-  std::optional<shard::BoundaryBundle> bundle;
-  for (size_t i = 0; i < route.hops.size(); ++i) {
-    StepRequest req;
-    req.session_id = session;
-    req.session_secret = secret;
-    req.route_epoch = epoch;
-    req.step_id = step_id;
-    req.prefill = prefill;
-    req.expected_seq_len = expected;
-    req.sampling = sampling;
-    if (i == 0) {
-      req.token_ids.assign(tokens.begin(), tokens.end());
-    } else {
-      req.bundle = std::move(bundle);
-      bundle.reset();
-    }
-    StepResult result;
-    try {
-      result = StepHop(route, i, std::move(req), provider, &out.moves);
-    } catch (const Error& e) {
-      ShardEndpoint& hop = *route.hops[i];
-      if (e.kind() == ErrorKind::kResourceExhausted) {
-        out.busy_hop = &hop;
-        out.busy_reason = e.what();
-        return out;
-      }
-      if (e.kind() != ErrorKind::kUnavailable) throw;
-      out.dead_hop = &hop;
-      out.dead_reason = e.what();
-      return out;
-    }
-    const ShardEndpoint& hop = *route.hops[i];
-    if (auto* miss = std::get_if<kv::CacheMiss>(&result)) {
-      out.miss = std::move(*miss);
-      return out;
-    }
-    if (auto* b = std::get_if<shard::BoundaryBundle>(&result)) {
-      if (i + 1 == route.hops.size()) {
-        throw Error(ErrorKind::kBoundaryContract,
-                    "route ends at " + hop.name() + ", which is not a tail shard");
-      }
-      bundle = std::move(*b);
-      continue;
-    }
-    if (i + 1 != route.hops.size()) {
-      throw Error(ErrorKind::kBoundaryContract,
-                  "hop " + hop.name() + " returned a tail output before the end of the route");
-    }
-    auto& tail = std::get<shard::TailOutput>(result);
-    out.token = tail.token_id;
-    out.logits = std::move(tail.logits);
-  }
-  return out;
-}
 
 // Releases the session, at the latest epoch, on every hop that may hold it
 // (every route it ran on) when the generation ends, however it ends.
@@ -168,6 +73,7 @@ void SleepWithJitter(double seconds) {
 void ValidateGenerate(std::span<const int32_t> prompt_ids, const GenerateOptions& options) {
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt must hold at least one token");
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
+  if (options.prefill_chunk < 0) ThrowInvalidArgument("prefill_chunk must be >= 0");
   options.sampling.Validate();
   if (options.context_length > 0 &&
       static_cast<int64_t>(prompt_ids.size()) > options.context_length) {
@@ -225,6 +131,7 @@ class GenerationLoop {
         need_prefill_ = true;
         continue;
       }
+      if (step.interrupted) continue;  // a chunked prefill stopped: Stopping() says why
       need_prefill_ = false;
       if (!Accept(step)) break;
     }
@@ -253,15 +160,29 @@ class GenerationLoop {
     return false;
   }
 
-  // A prefill of the whole text when needed, else a decode of its last token.
+  // A prefill of the whole text when needed (in pieces when it is longer than
+  // options.prefill_chunk), else a decode of its last token.
   StepOutcome NextStep() {
-    const bool prefill = need_prefill_;
-    std::span<const int32_t> tokens = prefill ? std::span<const int32_t>(history_)
-                                              : std::span<const int32_t>(&history_.back(), 1);
-    std::optional<int64_t> expected;
-    if (!prefill) expected = static_cast<int64_t>(history_.size()) - 1;
-    return RunRouteStep(route_, provider_, session_, secret_, epoch_, ++step_id_, prefill, tokens,
-                        expected, options_.sampling);
+    const StepHead head{session_, secret_, epoch_, &options_.sampling,
+                        static_cast<int>(route_.hops.size())};
+    const int64_t chunk = options_.prefill_chunk;
+    const auto n = static_cast<int64_t>(history_.size());
+    if (need_prefill_ && chunk > 0 && n > chunk) {
+      const uint64_t first = step_id_ + 1;
+      step_id_ += static_cast<uint64_t>(ChunkCount(n, chunk));
+      return RunChunkedPrefill(route_, provider_, head, first, history_, chunk,
+                               [this] { return StopAsked(); });
+    }
+    if (need_prefill_) return RunRouteStep(route_, provider_, head, ++step_id_, true, history_, {});
+    return RunRouteStep(route_, provider_, head, ++step_id_, false,
+                        std::span<const int32_t>(&history_.back(), 1), n - 1);
+  }
+
+  // Whether the caller wants the generation to end (asked between pieces of a
+  // chunked prefill; Stopping() then says how).
+  bool StopAsked() const {
+    return (events_.stop_requested && events_.stop_requested()) ||
+           (options_.cancelled && options_.cancelled());
   }
 
   void Recover(const std::string& what) {

@@ -3,6 +3,8 @@
 //
 //   * prefill: the whole token history goes through the route (prefill=true,
 //     which opens a fresh context on every hop at the current route epoch);
+//     with prefill_chunk, a long history goes in pipelined pieces, the first
+//     opening the context and the others appending to it;
 //   * decode: one token per step, expected_seq_len = tokens already held;
 //   * a CacheMiss from any hop: re-prefill from token zero on the same route;
 //   * a dead or timed-out hop (Error kUnavailable): mark it dead, re-plan,
@@ -94,6 +96,11 @@ struct GenerateOptions {
   // Polled between steps (e.g. Ctrl-C): when true, Generate releases the
   // session and throws Error(kUnavailable, "cancelled").
   std::function<bool()> cancelled;
+  // A prefill longer than this many tokens goes through the route in pieces
+  // of at most this many, pipelined over the hops (mesh/route_step.h); 0: in
+  // one step. Bounds every message's activations and, on nodes with cores of
+  // their own, overlaps the hops' work on a long prompt.
+  int64_t prefill_chunk = 0;
 };
 
 struct GenerateEvents {

@@ -5,8 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
+#include <optional>
 
 #include "node/identity.h"
 #include "util/error.h"
@@ -33,9 +38,14 @@ class ToyHop : public ShardEndpoint {
   ShardInfo Info() override { return {}; }
 
   StepResult Step(StepRequest req) override {
+    if (before_step_) before_step_(req);  // outside the lock: it may wait for other hops
     std::lock_guard<std::mutex> lock(mu_);
     ++steps_;
     if (dead_) throw Error(ErrorKind::kUnavailable, name_ + " is dead");
+    if (fail_at_ && req.expected_seq_len == fail_at_) {
+      fail_at_.reset();
+      throw Error(*fail_kind_, name_ + " failed this step");
+    }
     const auto key = std::make_pair(req.session_id, req.route_epoch);
     epochs_seen_.push_back(req.route_epoch);
     if (req.prefill) {
@@ -59,6 +69,9 @@ class ToyHop : public ShardEndpoint {
       tokens.clear();
       for (float v : req.bundle->residual) tokens.push_back(static_cast<int32_t>(v));
     }
+    max_rows_ = std::max(max_rows_, tokens.size());
+    route_hops_ = req.route_hops;
+    step_ids_.push_back(req.step_id);
     auto& hist = state_[key];
     hist.insert(hist.end(), tokens.begin(), tokens.end());
     if (tail_) {
@@ -88,6 +101,12 @@ class ToyHop : public ShardEndpoint {
   int steps_ = 0;
   int releases_ = 0;
   std::vector<int64_t> epochs_seen_;
+  size_t max_rows_ = 0;             // the most tokens one request carried
+  int route_hops_ = -1;             // what the last request said of its route
+  std::vector<uint64_t> step_ids_;  // in the order they were applied
+  std::optional<int64_t> fail_at_;  // throw fail_kind_ once at this expected_seq_len
+  std::optional<ErrorKind> fail_kind_;
+  std::function<void(const StepRequest&)> before_step_;
   std::map<std::pair<std::string, int64_t>, std::vector<int32_t>> state_;
 };
 
@@ -140,6 +159,7 @@ TEST(Generator, UndisturbedRunMatchesTheToyModel) {
   EXPECT_EQ(p.head->steps_, 20);  // one prefill + 19 decodes
   EXPECT_EQ(p.head->releases_, 1);
   EXPECT_TRUE(p.middles[0]->state_.empty());  // released at the end
+  EXPECT_EQ(p.tail->route_hops_, 3);          // every step says the route's length
 }
 
 TEST(Generator, CacheMissReprefillsFromTokenZeroOnTheSameRoute) {
@@ -251,6 +271,149 @@ TEST(Generator, StopRequestedEndsBeforeTheNextStepAndReleasesEveryHop) {
   EXPECT_EQ(p.tail->releases_, 1);
   EXPECT_TRUE(p.head->state_.empty());
   EXPECT_TRUE(p.tail->state_.empty());
+}
+
+// Chunked prefill (GenerateOptions::prefill_chunk, mesh/route_step.h).
+
+std::vector<int32_t> LongPrompt(int n) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (i * 17 + 3) % kVocab;
+  return p;
+}
+
+GenerateOptions Chunked(int n, int64_t chunk) {
+  GenerateOptions o = Opts(n);
+  o.prefill_chunk = chunk;
+  return o;
+}
+
+TEST(ChunkedPrefill, PiecesGiveTheSameTokensAndNoMessageCarriesMore) {
+  const auto prompt = LongPrompt(23);
+  for (int64_t chunk : {1, 5, 22, 23, 64}) {
+    ToyProvider p;
+    GenerateResult r = Generate(p, prompt, Chunked(6, chunk));
+    EXPECT_EQ(r.generated_ids, Expected(prompt, 6)) << chunk;
+    const int64_t pieces = (23 + chunk - 1) / chunk;
+    EXPECT_EQ(p.head->steps_, pieces + 5) << chunk;  // then 5 decodes
+    EXPECT_EQ(p.tail->steps_, pieces + 5) << chunk;
+    for (auto* hop : {p.head.get(), p.middles[0].get(), p.tail.get()}) {
+      EXPECT_EQ(hop->max_rows_, static_cast<size_t>(std::min<int64_t>(chunk, 23))) << chunk;
+      // One step id per piece, the same at every hop, in order.
+      std::vector<uint64_t> ids(pieces + 5);
+      std::iota(ids.begin(), ids.end(), 1);
+      EXPECT_EQ(hop->step_ids_, ids) << chunk;
+    }
+    EXPECT_EQ(r.re_prefills, 0);
+  }
+}
+
+// Each hop works on its piece while the hop before it works on the next: the
+// tail takes the first piece only once the head has begun the second. Run
+// one piece through the whole route at a time, it would wait for ever
+// (bounded here: the test then fails).
+TEST(ChunkedPrefill, HopsWorkOnDifferentPiecesAtOnce) {
+  ToyProvider p;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool head_on_second = false, tail_waited = false, overlapped = false;
+  p.head->before_step_ = [&](const StepRequest& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (r.expected_seq_len == 4) head_on_second = true;
+    cv.notify_all();
+  };
+  p.tail->before_step_ = [&](const StepRequest& r) {
+    if (!r.prefill || tail_waited) return;  // the first piece
+    std::unique_lock<std::mutex> lock(mu);
+    tail_waited = true;
+    overlapped = cv.wait_for(lock, std::chrono::seconds(20), [&] { return head_on_second; });
+  };
+  const auto prompt = LongPrompt(12);
+  GenerateResult r = Generate(p, prompt, Chunked(3, 4));
+  EXPECT_TRUE(tail_waited);
+  EXPECT_TRUE(overlapped);
+  EXPECT_EQ(r.generated_ids, Expected(prompt, 3));
+}
+
+TEST(ChunkedPrefill, AMissOnAPieceReprefillsAndKeepsTheOutput) {
+  ToyProvider p;
+  bool dropped = false;
+  p.middles[0]->before_step_ = [&](const StepRequest& r) {
+    if (dropped || r.expected_seq_len != 10) return;  // the third piece
+    dropped = true;
+    std::lock_guard<std::mutex> lock(p.middles[0]->mu_);
+    p.middles[0]->forget_next_ = true;
+  };
+  const auto prompt = LongPrompt(25);
+  GenerateResult r = Generate(p, prompt, Chunked(4, 5));
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(r.re_prefills, 1);
+  EXPECT_EQ(r.generated_ids, Expected(prompt, 4));
+  // The tail never saw the third piece of the first attempt (the middle's
+  // miss stopped it), at most the two before it; then 5 pieces and 3 decodes.
+  EXPECT_GE(p.tail->steps_, 5 + 3);
+  EXPECT_LE(p.tail->steps_, 2 + 5 + 3);
+}
+
+TEST(ChunkedPrefill, ADeadHopFailsOverWithANewEpoch) {
+  ToyProvider p;
+  p.middles[0]->before_step_ = [&](const StepRequest& r) {
+    if (r.expected_seq_len == 6) {
+      std::lock_guard<std::mutex> lock(p.middles[0]->mu_);
+      p.middles[0]->dead_ = true;
+    }
+  };
+  const auto prompt = LongPrompt(20);
+  GenerateResult r = Generate(p, prompt, Chunked(5, 3));
+  EXPECT_EQ(r.failovers, 1);
+  EXPECT_EQ(r.final_epoch, 1);
+  EXPECT_EQ(r.generated_ids, Expected(prompt, 5));
+  EXPECT_EQ(p.middles[1]->epochs_seen_.front(), 1);
+}
+
+TEST(ChunkedPrefill, ABusyHopIsRetriedAndAnErrorEndsTheGeneration) {
+  {
+    ToyProvider p;
+    p.tail->fail_at_ = 8;
+    p.tail->fail_kind_ = ErrorKind::kResourceExhausted;
+    const auto prompt = LongPrompt(16);
+    GenerateResult r = Generate(p, prompt, Chunked(3, 4));
+    EXPECT_EQ(r.busy_retries, 1);
+    EXPECT_EQ(r.generated_ids, Expected(prompt, 3));
+  }
+  ToyProvider p;
+  p.middles[0]->fail_at_ = 4;
+  p.middles[0]->fail_kind_ = ErrorKind::kBoundaryContract;
+  try {
+    Generate(p, LongPrompt(16), Chunked(3, 4));
+    FAIL() << "expected the hop's error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBoundaryContract);
+    EXPECT_NE(std::string(e.what()).find("mid-a failed"), std::string::npos);
+  }
+  // Released everywhere on the way out.
+  EXPECT_TRUE(p.head->state_.empty());
+  EXPECT_TRUE(p.tail->state_.empty());
+}
+
+TEST(ChunkedPrefill, AStopBetweenPiecesEndsItAndReleasesEveryHop) {
+  ToyProvider p;
+  GenerateEvents events;
+  events.stop_requested = [&] {
+    std::lock_guard<std::mutex> lock(p.head->mu_);
+    return p.head->steps_ >= 2;
+  };
+  GenerateResult r = Generate(p, LongPrompt(30), Chunked(5, 3), events);
+  EXPECT_TRUE(r.stopped);
+  EXPECT_TRUE(r.generated_ids.empty());
+  EXPECT_EQ(p.head->steps_, 2);  // no piece after the request
+  EXPECT_EQ(p.head->releases_, 1);
+  EXPECT_EQ(p.tail->releases_, 1);
+  EXPECT_TRUE(p.middles[0]->state_.empty());
+}
+
+TEST(ChunkedPrefill, RejectsANegativeChunk) {
+  ToyProvider p;
+  EXPECT_THROW(Generate(p, kPrompt, Chunked(3, -1)), Error);
 }
 
 }  // namespace

@@ -56,19 +56,56 @@ void ExpectSessionsEqualSolo(const std::vector<std::string>& route_flags, int n)
 
 TEST(GenerateSessionsCli, InProcessSessionsEqualTheSoloRun) { ExpectSessionsEqualSolo({}, 8); }
 
-TEST(GenerateSessionsCli, OverThreeNodesSessionsEqualTheSoloRun) {
+// Three `meshnet serve` nodes (layers 0-1, 2-3, 4-4) on 127.0.0.1.
+struct ThreeNodes {
   rpc::testing::ScratchDir dir;
   std::vector<std::unique_ptr<NodeProcess>> nodes;
-  std::string csv;
-  for (const char* layers : {"0-1", "2-3", "4-4"}) {
-    nodes.push_back(std::make_unique<NodeProcess>(
-        MESHNET_BINARY,
-        std::vector<std::string>{"--model", kModel, "--layers", layers, "--listen", "127.0.0.1:0",
-                                 "--threads", "1", "--max-sessions", "16"},
-        dir.file(std::string("node-") + layers + ".log")));
-    csv += (csv.empty() ? "" : ",") + nodes.back()->address();
+  std::string csv;  // their addresses, for --nodes
+  ThreeNodes() {
+    for (const char* layers : {"0-1", "2-3", "4-4"}) {
+      nodes.push_back(std::make_unique<NodeProcess>(
+          MESHNET_BINARY,
+          std::vector<std::string>{"--model", kModel, "--layers", layers, "--listen", "127.0.0.1:0",
+                                   "--threads", "1", "--max-sessions", "16"},
+          dir.file(std::string("node-") + layers + ".log")));
+      csv += (csv.empty() ? "" : ",") + nodes.back()->address();
+    }
   }
-  ExpectSessionsEqualSolo({"--nodes", csv}, 8);
+};
+
+TEST(GenerateSessionsCli, OverThreeNodesSessionsEqualTheSoloRun) {
+  ThreeNodes mesh;
+  ExpectSessionsEqualSolo({"--nodes", mesh.csv}, 8);
+}
+
+// --prompt-chunk: the prompt in pipelined pieces of 2 tokens, in process and
+// over three nodes (one session and three at once), gives the ids of the
+// prompt sent whole; a negative size is refused.
+TEST(GenerateSessionsCli, PromptChunksGiveTheWholePromptsIds) {
+  const auto whole = RunCli(MESHNET_BINARY, With({"--prompt-chunk", "0"}), kTimeoutS);
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const auto want = nlohmann::json::parse(whole.out)["generated_ids"];
+  ASSERT_EQ(want.size(), 20u);
+  const auto local = RunCli(MESHNET_BINARY, With({"--prompt-chunk", "2"}), kTimeoutS);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  EXPECT_EQ(nlohmann::json::parse(local.out)["generated_ids"], want);
+
+  ThreeNodes mesh;
+  const std::string& csv = mesh.csv;
+  const auto remote =
+      RunCli(MESHNET_BINARY, With({"--nodes", csv, "--prompt-chunk", "2"}), kTimeoutS);
+  ASSERT_EQ(remote.exit_code, 0) << remote.err;
+  EXPECT_EQ(nlohmann::json::parse(remote.out)["generated_ids"], want);
+  const auto load = RunCli(
+      MESHNET_BINARY, With({"--nodes", csv, "--prompt-chunk", "2", "--sessions", "3"}), kTimeoutS);
+  ASSERT_EQ(load.exit_code, 0) << load.err;
+  for (const auto& s : nlohmann::json::parse(load.out)["sessions"]) {
+    EXPECT_EQ(s["generated_ids"], want);
+  }
+
+  const auto bad = RunCli(MESHNET_BINARY, With({"--prompt-chunk", "-1"}), kTimeoutS);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--prompt-chunk"), std::string::npos) << bad.err;
 }
 
 TEST(GenerateSessionsCli, TextModePrintsEverySessionAndTheAggregate) {

@@ -103,6 +103,38 @@ TEST_F(MeshProcessTest, ThreeNodeRouteMatchesInProcess) {
   }
 }
 
+// A long prompt sent in pipelined pieces over the nodes (prefill_chunk)
+// gives the in-process run's tokens, greedy and sampled; so does the chunked
+// re-prefill of the whole history after a node restarted with an empty cache.
+TEST_F(MeshProcessTest, ChunkedPrefillOverNodesMatchesInProcess) {
+  auto a = Start("0-1"), b = Start("2-3"), c = Start("4-4");
+  auto provider = MakeRemoteRouteProvider({a->address(), b->address(), c->address()}, Client());
+  std::vector<int32_t> prompt = Prompt(6);
+  for (int i = 0; i < 40; ++i) prompt.push_back(static_cast<int32_t>(20 + (i * 37) % 400));
+  for (float temperature : {0.0f, 1.0f}) {
+    auto o = Options(24, temperature, 17);
+    const auto reference = Reference(prompt, o);
+    o.prefill_chunk = 9;
+    const auto got = mesh::Generate(*provider, prompt, o);
+    EXPECT_EQ(got.generated_ids, reference) << "temperature " << temperature;
+    EXPECT_EQ(got.re_prefills + got.failovers, 0);
+  }
+  auto o = Options(30, 0.7f, 3);
+  const auto reference = Reference(prompt, o);
+  o.prefill_chunk = 16;
+  int seen = 0;
+  mesh::GenerateEvents ev;
+  ev.on_token = [&](int32_t) {
+    if (++seen != 10) return;
+    const std::string port = b->port();
+    b->Stop(SIGKILL);
+    b = Start("2-3", {}, "127.0.0.1:" + port);  // same address, empty cache
+  };
+  const auto got = mesh::Generate(*provider, prompt, o, ev);
+  EXPECT_EQ(got.generated_ids, reference);
+  EXPECT_GE(got.re_prefills + got.failovers, 1);
+}
+
 TEST_F(MeshProcessTest, KilledMiddleNodeFailsOverToStandby) {
   auto a = Start("0-1"), b1 = Start("2-3"), b2 = Start("2-3"), c = Start("4-4");
   auto provider =
