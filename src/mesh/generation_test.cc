@@ -192,7 +192,7 @@ TEST(Generation, SeededSamplingIsReproducible) {
 
 // A long prompt sent in pipelined pieces (GenerateOptions::prefill_chunk)
 // gives the tokens and, with float32 KV, the logits of the prompt sent whole,
-// greedy and sampled, on every split into 1-3 shards.
+// greedy and sampled, on splits into 2 and 3 shards (one shard takes it whole).
 TEST(Generation, ChunkedPrefillGivesTheSameTokensAndLogits) {
   const auto tok = model::Tokenizer::FromGguf(*File());
   const std::vector<int32_t> prompt = tok.Encode(
@@ -200,7 +200,7 @@ TEST(Generation, ChunkedPrefillGivesTheSameTokensAndLogits) {
       "park with her friends. One day, she saw a big red ball.",
       true);
   ASSERT_GT(prompt.size(), 30u);
-  for (int shards = 1; shards <= 3; ++shards) {
+  for (int shards = 2; shards <= 3; ++shards) {
     InProcessMeshOptions mo;
     mo.split = node::EvenSplit(shards, 5);
     mo.kv_dtype = KvDtype::kF32;

@@ -161,13 +161,15 @@ class GenerationLoop {
   }
 
   // A prefill of the whole text when needed (in pieces when it is longer than
-  // options.prefill_chunk), else a decode of its last token.
+  // options.prefill_chunk and the route has hops to pipeline them over: on a
+  // route of one hop no activations cross a wire and the node chunks a long
+  // prompt itself), else a decode of its last token.
   StepOutcome NextStep() {
     const StepHead head{session_, secret_, epoch_, &options_.sampling,
                         static_cast<int>(route_.hops.size())};
     const int64_t chunk = options_.prefill_chunk;
     const auto n = static_cast<int64_t>(history_.size());
-    if (need_prefill_ && chunk > 0 && n > chunk) {
+    if (need_prefill_ && chunk > 0 && n > chunk && route_.hops.size() > 1) {
       const uint64_t first = step_id_ + 1;
       step_id_ += static_cast<uint64_t>(ChunkCount(n, chunk));
       return RunChunkedPrefill(route_, provider_, head, first, history_, chunk,

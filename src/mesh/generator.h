@@ -96,10 +96,11 @@ struct GenerateOptions {
   // Polled between steps (e.g. Ctrl-C): when true, Generate releases the
   // session and throws Error(kUnavailable, "cancelled").
   std::function<bool()> cancelled;
-  // A prefill longer than this many tokens goes through the route in pieces
-  // of at most this many, pipelined over the hops (mesh/route_step.h); 0: in
-  // one step. Bounds every message's activations and, on nodes with cores of
-  // their own, overlaps the hops' work on a long prompt.
+  // A prefill longer than this many tokens goes through a route of several
+  // hops in pieces of at most this many, pipelined over the hops
+  // (mesh/route_step.h); 0: in one step, as on a route of one hop. Bounds
+  // every message's activations and, on nodes with cores of their own,
+  // overlaps the hops' work on a long prompt.
   int64_t prefill_chunk = 0;
 };
 

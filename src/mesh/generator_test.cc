@@ -411,6 +411,18 @@ TEST(ChunkedPrefill, AStopBetweenPiecesEndsItAndReleasesEveryHop) {
   EXPECT_TRUE(p.middles[0]->state_.empty());
 }
 
+// A route of one hop takes the prompt whole: no activations cross a wire.
+TEST(ChunkedPrefill, ARouteOfOneHopTakesThePromptWhole) {
+  auto solo = std::make_shared<ToyHop>("solo", true, true);
+  FixedRouteProvider p(Route{{solo}});
+  const auto prompt = LongPrompt(23);
+  GenerateResult r = Generate(p, prompt, Chunked(4, 5));
+  EXPECT_EQ(r.generated_ids, Expected(prompt, 4));
+  EXPECT_EQ(solo->steps_, 1 + 3);
+  EXPECT_EQ(solo->max_rows_, 23u);
+  EXPECT_EQ(solo->route_hops_, 1);
+}
+
 TEST(ChunkedPrefill, RejectsANegativeChunk) {
   ToyProvider p;
   EXPECT_THROW(Generate(p, kPrompt, Chunked(3, -1)), Error);
