@@ -285,10 +285,13 @@ void Batcher::CurrentLoadLocked(DecodeLoad* load) const {
 
 void Batcher::WaitForDecodersLocked() {
   DecodeLoad load;
-  while (!held_ && head_ != nullptr && !DecodePendingLocked()) {
+  bool counted = false;
+  while (!held_ && head_ != nullptr && !RunsNowPendingLocked()) {
     CurrentLoadLocked(&load);
     const double quiet = DecodeQuietAfter(options_, costs_, load);
     if (load.since_last_s >= quiet) return;  // nobody decodes: the prompt runs in whole chunks
+    if (!counted) stats_.decoder_waits.fetch_add(1, std::memory_order_relaxed);
+    counted = true;
     queued_.WaitUntil(last_decode_ + std::chrono::duration_cast<Clock::duration>(
                                          std::chrono::duration<double>(quiet)));
   }
@@ -558,6 +561,15 @@ void Batcher::TakeTurnLocked() {
     util::Transit::Get().Wait(turn_transit_wait_s_);
   } while (turn_gate_->Yield(turn_rank_, arrival));
   mu_.Lock();
+}
+
+bool Batcher::RunsNowPendingLocked() const {
+  for (const Item* it = head_; it != nullptr; it = it->next) {
+    if (IsDecode(*it->step)) return true;
+    const QueuedRows rows{it->step->n_new, it->done, it->step->step.start_pos() == 0};
+    if (IsShortPrompt(rows, options_)) return true;
+  }
+  return false;
 }
 
 bool Batcher::DecodePendingLocked() const {

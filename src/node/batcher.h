@@ -38,8 +38,9 @@
 //    process, the other shards' or nodes' steps and the hops on a route),
 //    at the costs measured on this node (BatchCosts: decode batches and
 //    prompt rows apart), and at least one row; and prompt rows run only
-//    beside their steps: with none queued, the leader waits for them
-//    (WaitForDecodersLocked, until DecodeQuietAfter). A long prompt then
+//    beside their steps: with none queued (nor a short prompt, which never
+//    waits), the leader waits for them (WaitForDecodersLocked, until
+//    DecodeQuietAfter). A long prompt then
 //    costs the decoding sessions about (1 + prefill_share) of their
 //    inter-token time, whatever the kernels' speed and however many shards
 //    they cross; with nobody decoding it runs in whole prefill_chunk rows;
@@ -91,6 +92,9 @@ struct BatchStats {
   std::atomic<int64_t> steps{0};  // sum over batches of the sessions in them
   std::atomic<int64_t> max_sessions{0};
   std::atomic<int64_t> busy_ns{0};  // sum of the batches' forward pass times
+  // Times a leader held long prompts' rows back to run them beside the
+  // decoding sessions' next steps (WaitForDecodersLocked).
+  std::atomic<int64_t> decoder_waits{0};
 };
 
 // What one batch holds, for observers (tests).
@@ -209,6 +213,9 @@ class Batcher {
   static constexpr int64_t kPromptTurnRank = int64_t{1} << 40;  // above every layer
   void EndTurn();
   bool DecodePendingLocked() const REQUIRES(mu_);
+  // A decode step or a short prompt is queued: the next batch runs now,
+  // whatever the time bound leaves the long prompts.
+  bool RunsNowPendingLocked() const REQUIRES(mu_);
 
   const shard::LlamaShard* shard_;
   const BatchOptions options_;

@@ -478,6 +478,24 @@ TEST(Batcher, ShortPromptsRunWholeBesideDecodeSteps) {
   EXPECT_EQ(c[0].rows, (std::vector<int64_t>{1, BatchOptions::kMinPrefillRows}));
 }
 
+// Right after sessions stopped decoding (within the quiet time, at least
+// 0.25 s), a long prompt's rows wait for their next steps, but a short prompt
+// (a new session's) runs at once: it runs whole beside decode steps anyway,
+// and waiting would only add the quiet time to its first token.
+TEST(Batcher, AShortPromptDoesNotWaitForDecodersThatStopped) {
+  Node node(File(), WholeModel({.short_prompt = 8}), nullptr);
+  const std::string d = RandomId128();
+  const StepResult d0 = StepOf(node, Prefill(d, PromptOf(1, 3)));
+  StepResult last = StepOf(node, Decode(d, Tail(d0).token_id, 3));
+  const auto waits = [&] { return node.batcher().stats().decoder_waits.load(); };
+  ASSERT_EQ(waits(), 0);
+  StepOf(node, Prefill(RandomId128(), PromptOf(2, 8)));  // short
+  EXPECT_EQ(waits(), 0);
+  last = StepOf(node, Decode(d, Tail(last).token_id, 4));
+  StepOf(node, Prefill(RandomId128(), PromptOf(3, 9)));  // long: waits, then runs
+  EXPECT_EQ(waits(), 1);
+}
+
 TEST(BatchCostModel, FitsFixedAndPerRowCost) {
   BatchCostModel m;
   EXPECT_FALSE(m.ready());
