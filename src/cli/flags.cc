@@ -80,9 +80,10 @@ void AddPipelineDepthFlag(CLI::App* sub, int* depth) {
 
 void AddPromptChunkFlag(CLI::App* sub, int64_t* chunk) {
   sub->add_option("--prompt-chunk", *chunk,
-                  "Send a prompt longer than this many tokens through the route in pieces of "
-                  "at most this many, pipelined: each hop works on a piece while the next hop "
-                  "works on the one before, and no message carries more (0 = whole)")
+                  "Send a prompt longer than this many tokens through a route of two or more "
+                  "hops in pieces of at most this many, pipelined: each hop works on a piece "
+                  "while the next hop works on the one before, and no message carries more (0 "
+                  "= whole, as on a route of one hop)")
       ->check(IntRange(0, int64_t{1} << 30))
       ->capture_default_str();
 }
