@@ -280,7 +280,7 @@ TEST(MultiSessionTurns, ALongPromptTakesTurnsWithTheDecodingSessions) {
       mesh.node(i).batcher().SetObserver(
           [&](const node::BatchView& v) {
             if (running.fetch_add(1) != 0) ++overlaps;
-            if (std::any_of(v.rows.begin(), v.rows.end(), [](int64_t r) { return r > 8; })) {
+            if (std::any_of(v.rows.begin(), v.rows.end(), [](int64_t r) { return r > 1; })) {
               ++prompt_batches;
             }
           },
