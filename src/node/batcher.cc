@@ -249,7 +249,7 @@ void Batcher::FormLocked() {
   DecodeLoad load;
   for (Item* it = head_; it != nullptr; it = it->next) {
     queued_items_.push_back(it);
-    queued_rows_.push_back({it->step->n_new, it->done, it->step->step.start_pos() == 0});
+    queued_rows_.push_back(RowsOf(*it));
     if (IsDecode(*it->step)) {
       ++load.pending;
       load.hops = std::max(load.hops, it->step->route_hops);
@@ -563,11 +563,14 @@ void Batcher::TakeTurnLocked() {
   mu_.Lock();
 }
 
+QueuedRows Batcher::RowsOf(const Item& item) {
+  return {item.step->n_new, item.done, item.step->step.start_pos() == 0};
+}
+
 bool Batcher::RunsNowPendingLocked() const {
   for (const Item* it = head_; it != nullptr; it = it->next) {
     if (IsDecode(*it->step)) return true;
-    const QueuedRows rows{it->step->n_new, it->done, it->step->step.start_pos() == 0};
-    if (IsShortPrompt(rows, options_)) return true;
+    if (IsShortPrompt(RowsOf(*it), options_)) return true;
   }
   return false;
 }

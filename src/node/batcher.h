@@ -216,6 +216,8 @@ class Batcher {
   // A decode step or a short prompt is queued: the next batch runs now,
   // whatever the time bound leaves the long prompts.
   bool RunsNowPendingLocked() const REQUIRES(mu_);
+  // What PlanBatch and IsShortPrompt see of a queued step.
+  static QueuedRows RowsOf(const Item& item);
 
   const shard::LlamaShard* shard_;
   const BatchOptions options_;
