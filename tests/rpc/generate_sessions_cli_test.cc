@@ -99,7 +99,9 @@ TEST(GenerateSessionsCli, PromptChunksGiveTheWholePromptsIds) {
   const auto load = RunCli(
       MESHNET_BINARY, With({"--nodes", csv, "--prompt-chunk", "2", "--sessions", "3"}), kTimeoutS);
   ASSERT_EQ(load.exit_code, 0) << load.err;
-  for (const auto& s : nlohmann::json::parse(load.out)["sessions"]) {
+  const auto sessions = nlohmann::json::parse(load.out)["sessions"];
+  ASSERT_EQ(sessions.size(), 3u) << load.out;
+  for (const auto& s : sessions) {
     EXPECT_EQ(s["generated_ids"], want);
   }
 
