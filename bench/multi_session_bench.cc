@@ -37,7 +37,8 @@
 // (layers 0-3, 4-7, 8-11, taking turns: InProcessMeshOptions::batch_turns;
 // its batch counters are the head shard's), inproc3_free the same without turns,
 // 3node_single without the client's step grouping, 3node_depthN with at most
-// N of the client's calls out at once (--pipeline-depth N),
+// N of the client's calls out at once (--pipeline-depth N; 3node_depth1 carries
+// the cohort, 3node_depth1_nocarry does not: ClientOptions::carry_cohorts),
 // <route>_kvf32 with --kv-dtype float32, and
 // <route>_chunkN with --prefill-chunk N, <route>_shareX with --prefill-share X; Ratios then adds
 // <route>_16_batch_gain)
@@ -174,6 +175,7 @@ using bench::SelfCpuSeconds;
 // "3node_single" has the client send every step in a call of its own (no
 // StepMany grouping, ClientOptions::group_steps), "3node_depthN" limits the
 // client to N calls in flight (ClientOptions::pipeline_depth),
+// "<route>_nocarry" turns ClientOptions::carry_cohorts off,
 // "<route>_chunkN" sets their --prefill-chunk to N, "<route>_shareX" their
 // --prefill-share to X, "<route>_pchunkN" has the client send long prompts in
 // pipelined pieces of N (GenerateOptions::prefill_chunk).
@@ -237,6 +239,7 @@ class Route {
     co.timeout_s = 600;
     co.info_timeout_s = 30;
     co.group_steps = route_name.find("_single") == std::string::npos;
+    co.carry_cohorts = route_name.find("_nocarry") == std::string::npos;
     const size_t depth_at = route_name.find("_depth");
     if (depth_at != std::string::npos)
       co.pipeline_depth = std::stoi(route_name.substr(depth_at + 6));

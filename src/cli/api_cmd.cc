@@ -113,6 +113,10 @@ class SharedProvider final : public mesh::RouteProvider {
   explicit SharedProvider(std::shared_ptr<mesh::RouteProvider> p) : p_(std::move(p)) {}
   mesh::Route Plan() override { return p_->Plan(); }
   void MarkDead(const mesh::ShardEndpoint& e) override { p_->MarkDead(e); }
+  std::shared_ptr<mesh::ShardEndpoint> EndpointFor(const std::string& a) override {
+    return p_->EndpointFor(a);
+  }
+  mesh::CohortCarrier* carrier() override { return p_->carrier(); }
 
  private:
   std::shared_ptr<mesh::RouteProvider> p_;

@@ -72,8 +72,8 @@ void AddPipelineDepthFlag(CLI::App* sub, int* depth) {
          "--pipeline-depth", *depth,
          "Grouped step calls in flight at once over the nodes, the call to the earliest layers "
          "first (0 = no limit: every node computes at once, for nodes on machines of their "
-         "own; 1 = all sessions as one batch through one node at a time, for nodes sharing "
-         "a machine's cores)")
+         "own; 1 = all sessions as one batch through one node at a time, their decode steps "
+         "carried from hop to hop by one client thread, for nodes sharing a machine's cores)")
       ->check(CLI::Range(0, kMaxPipelineDepth))
       ->capture_default_str();
 }

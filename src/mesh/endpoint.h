@@ -8,7 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "node/step.h"
 
@@ -18,6 +22,13 @@ namespace meshnet::mesh {
 using ShardInfo = node::ShardInfo;
 using StepRequest = node::StepRequest;
 using StepResult = node::StepResult;
+
+// One step's answer in a group call: its result, or what Step would have
+// thrown for it.
+struct GroupAnswer {
+  std::optional<StepResult> result;
+  std::exception_ptr error;
+};
 
 class ShardEndpoint {
  public:
@@ -29,6 +40,21 @@ class ShardEndpoint {
   // Runs one step. A CacheMiss is a value. Throws Error(kUnavailable) for a dead
   // or timed-out node, and other typed Errors for protocol violations.
   virtual StepResult Step(StepRequest request) = 0;
+  // Runs decode steps of distinct sessions together where the endpoint can
+  // (a node's StepMany: one call, one batch); the answers are parallel to
+  // the requests, and one step's error never fails another. Default: Step
+  // for each, in order.
+  virtual std::vector<GroupAnswer> StepGroup(std::span<const StepRequest> requests) {
+    std::vector<GroupAnswer> answers(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      try {
+        answers[i].result = Step(requests[i]);
+      } catch (...) {
+        answers[i].error = std::current_exception();
+      }
+    }
+    return answers;
+  }
   // Frees the session's state on this hop; best effort (never throws).
   virtual void Release(const std::string& session_id, const std::string& session_secret,
                        int64_t route_epoch) = 0;

@@ -39,6 +39,8 @@
 
 namespace meshnet::mesh {
 
+class CohortCarrier;
+
 struct Route {
   std::vector<std::shared_ptr<ShardEndpoint>> hops;  // head first
   std::string Describe() const;                      // "a[0-1] -> b[2-3] -> c[4-4]"
@@ -58,6 +60,9 @@ class RouteProvider {
   virtual std::shared_ptr<ShardEndpoint> EndpointFor(const std::string& /*address*/) {
     return nullptr;
   }
+  // The carrier of this provider's routes' decode steps (mesh/cohort_carrier.h),
+  // or nullptr: each session's step goes hop by hop on its own thread.
+  virtual CohortCarrier* carrier() { return nullptr; }
 };
 
 // A provider over a fixed route (in-process shards): Plan() returns it until

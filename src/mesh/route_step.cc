@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "mesh/cohort_carrier.h"
 #include "util/error.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -36,14 +37,17 @@ StepRequest MakeRequest(const StepHead& head, uint64_t step_id, bool prefill,
   return req;
 }
 
-// Runs `req` on hop i of `route`, following "moved to" answers to nodes the
-// provider knows (the hop is replaced in `route`). A decode request is kept
-// for the re-send; a prefill is not (it is never answered "moved").
-StepResult StepHop(Route& route, size_t i, StepRequest req, RouteProvider& provider, int* moves) {
+// Runs `req` on hop i of `route` (or takes `first`, its answer from a
+// group call), following "moved to" answers to nodes the provider knows (the
+// hop is replaced in `route`). A decode request is kept for the re-send; a
+// prefill is not (it is never answered "moved").
+StepResult StepHop(Route& route, size_t i, StepRequest req, RouteProvider& provider, int* moves,
+                   std::optional<StepResult> first) {
   for (int redirects = 0;; ++redirects) {
     std::optional<StepRequest> again;
     if (!req.prefill) again = req;
-    StepResult result = route.hops[i]->Step(std::move(req));
+    StepResult result = first ? std::move(*first) : route.hops[i]->Step(std::move(req));
+    first.reset();
     auto* miss = std::get_if<kv::CacheMiss>(&result);
     if (miss == nullptr || miss->reason != kv::CacheMissReason::kMoved || !again ||
         redirects >= kMaxMovesPerHop) {
@@ -57,12 +61,19 @@ StepResult StepHop(Route& route, size_t i, StepRequest req, RouteProvider& provi
   }
 }
 
-// Runs `req` on hop i. A busy or unreachable hop is recorded in `out` (and
-// nullopt returned); other errors propagate.
+// What a group call already got for hop i: its answer or its error.
+struct Answered {
+  std::optional<StepResult> result;
+  std::exception_ptr error;
+};
+
+// Runs `req` on hop i (or takes `answered`). A busy or unreachable hop is
+// recorded in `out` (and nullopt returned); other errors propagate.
 std::optional<StepResult> CallHop(Route& route, size_t i, StepRequest req, RouteProvider& provider,
-                                  StepOutcome* out) {
+                                  StepOutcome* out, Answered answered = {}) {
   try {
-    return StepHop(route, i, std::move(req), provider, &out->moves);
+    if (answered.error) std::rethrow_exception(answered.error);
+    return StepHop(route, i, std::move(req), provider, &out->moves, std::move(answered.result));
   } catch (const Error& e) {
     ShardEndpoint& hop = *route.hops[i];
     if (e.kind() == ErrorKind::kResourceExhausted) {
@@ -271,15 +282,30 @@ StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const StepHead& 
                          std::optional<int64_t> expected) {
   StepOutcome out;
   std::optional<shard::BoundaryBundle> bundle;
-  for (size_t i = 0; i < route.hops.size(); ++i) {
+  size_t start = 0;
+  std::optional<CohortCarrier::Carried> carried;
+  CohortCarrier* carrier = provider.carrier();
+  if (carrier != nullptr && !prefill && tokens.size() == 1 && route.hops.size() > 1) {
     StepRequest req = MakeRequest(head, step_id, prefill, expected);
-    if (i == 0) {
-      req.token_ids.assign(tokens.begin(), tokens.end());
+    req.token_ids.assign(tokens.begin(), tokens.end());
+    carried = carrier->Carry(route, std::move(req));
+    start = carried->hop;  // the hops before it answered bundles, sent on
+  }
+  for (size_t i = start; i < route.hops.size(); ++i) {
+    std::optional<StepResult> result;
+    if (carried && i == start) {
+      result = CallHop(route, i, std::move(carried->request), provider, &out,
+                       {std::move(carried->result), carried->error});
     } else {
-      req.bundle = std::move(bundle);
-      bundle.reset();
+      StepRequest req = MakeRequest(head, step_id, prefill, expected);
+      if (i == 0) {
+        req.token_ids.assign(tokens.begin(), tokens.end());
+      } else {
+        req.bundle = std::move(bundle);
+        bundle.reset();
+      }
+      result = CallHop(route, i, std::move(req), provider, &out);
     }
-    std::optional<StepResult> result = CallHop(route, i, std::move(req), provider, &out);
     if (!result || !TakeResult(std::move(*result), route, i, &out, &bundle)) return out;
   }
   return out;

@@ -96,7 +96,9 @@ TEST(BatchedRoute, InProcessSessionsEqualTheirSoloRuns) {
   ExpectBatched(mesh);
 }
 
-TEST(BatchedRoute, GrpcNodesSessionsEqualTheirSoloRuns) {
+// The 32 sessions over three gRPC nodes, the client with `pipeline_depth`
+// (1: one cohort, its decode steps carried hop to hop by one thread).
+void GrpcNodesEqualSolo(int pipeline_depth) {
   const auto solo = Solo();
   ThreadPool pool(2);
   mesh::InProcessMesh mesh(ShippedFile(), Split(), &pool);
@@ -114,10 +116,20 @@ TEST(BatchedRoute, GrpcNodesSessionsEqualTheirSoloRuns) {
   co.info_timeout_s = 20.0;
   co.connect_timeout_s = 5.0;
   co.timeout_s = 60.0;
-  const auto got = Concurrent(mesh, *MakeRemoteRouteProvider(addresses, co));
+  co.pipeline_depth = pipeline_depth;
+  auto provider = MakeRemoteRouteProvider(addresses, co);
+  EXPECT_EQ(provider->carrier() != nullptr, pipeline_depth == 1);
+  const auto got = Concurrent(mesh, *provider);
   for (int i = 0; i < kSessions; ++i) EXPECT_EQ(got[i], solo[i]) << "session " << i;
   ExpectBatched(mesh);
+  for (int i = 0; i < 3; ++i) {  // decode steps went in group calls
+    EXPECT_GT(servers[i]->counters().grouped_calls.load(), 0) << "node " << i;
+  }
 }
+
+TEST(BatchedRoute, GrpcNodesSessionsEqualTheirSoloRuns) { GrpcNodesEqualSolo(0); }
+
+TEST(BatchedRoute, CarriedCohortOverGrpcNodesEqualsTheSoloRuns) { GrpcNodesEqualSolo(1); }
 
 }  // namespace
 }  // namespace meshnet::rpc

@@ -43,6 +43,11 @@ struct ClientOptions {
   // lets every node compute at once (pipelining, for nodes on machines of
   // their own). See util::RankGate.
   int pipeline_depth = 0;
+  // With pipeline_depth 1 (and group_steps, without want_logits): one thread
+  // carries the cohort's decode steps through every hop, sending each hop's
+  // answers on to the next (mesh::CohortCarrier) instead of waking every
+  // session's thread at each hop.
+  bool carry_cohorts = true;
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <future>
 
+#include "mesh/cohort_carrier.h"
 #include "mesh/route_planner.h"
 #include "rpc/client_log.h"
 #include "rpc/remote.h"
@@ -58,6 +59,7 @@ struct RegistryRouteProvider::Impl {
   std::string model_id;
   ClientOptions client;
   std::shared_ptr<util::RankGate> gate;  // ClientOptions::pipeline_depth, shared by the endpoints
+  std::unique_ptr<mesh::CohortCarrier> carrier;  // ClientOptions::carry_cohorts, or null
   RegistryRouteOptions options;
 
   struct Dead {
@@ -173,10 +175,13 @@ RegistryRouteProvider::RegistryRouteProvider(std::shared_ptr<registry::Registry>
   impl_->model_id = std::move(model_id);
   impl_->client = client;
   impl_->gate = MakePipelineGate(client);
+  impl_->carrier = MakeCohortCarrier(client);
   impl_->options = options;
 }
 
 RegistryRouteProvider::~RegistryRouteProvider() = default;
+
+mesh::CohortCarrier* RegistryRouteProvider::carrier() { return impl_->carrier.get(); }
 
 mesh::Route RegistryRouteProvider::Plan() {
   Impl& m = *impl_;

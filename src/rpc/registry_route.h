@@ -51,6 +51,7 @@ class RegistryRouteProvider final : public mesh::RouteProvider {
   // A "moved to ADDR" answer is followed only to a node the registry lists
   // for this model (fresh, or the cached view); null for any other address.
   std::shared_ptr<mesh::ShardEndpoint> EndpointFor(const std::string& address) override;
+  mesh::CohortCarrier* carrier() override;
 
   // Sessions planned per node address so far.
   std::map<std::string, int64_t> planned() const;

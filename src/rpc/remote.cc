@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 
+#include "mesh/cohort_carrier.h"
 #include "mesh/route_planner.h"
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
@@ -87,9 +88,12 @@ struct RemoteEndpoint::Impl {
   // The leader takes the queue's first steps (its own first) as the batch
   // of the one call in flight.
   void TakeBatchLocked(std::vector<Waiter*>* batch) REQUIRES(group_mu);
-  // One StepMany call over `batch`, with retries: each waiter's outcome, its
-  // error (the call failed as a whole), or `alone` (the node refused the call:
-  // send the step by itself).
+  // One StepMany call with retries: answered (every step's outcome in
+  // `resp`), failed as a whole (`failed`), or refused (send each step alone).
+  enum class ManyCall { kAnswered, kFailed, kAlone };
+  ManyCall CallMany(const pb::StepManyRequest& req, pb::StepManyResponse* resp,
+                    std::optional<Error>* failed);
+  // CallMany over `batch`: each waiter's outcome, its error, or `alone`.
   void SendMany(const std::vector<Waiter*>& batch);
   // The call is over: wakes its waiters and the next leader.
   void FinishBatch(const std::vector<Waiter*>& batch) EXCLUDES(group_mu);
@@ -105,6 +109,14 @@ struct RemoteEndpoint::Impl {
 std::shared_ptr<util::RankGate> MakePipelineGate(const ClientOptions& options) {
   if (options.pipeline_depth <= 0) return nullptr;
   return std::make_shared<util::RankGate>(options.pipeline_depth);
+}
+
+std::unique_ptr<mesh::CohortCarrier> MakeCohortCarrier(const ClientOptions& options) {
+  if (!options.carry_cohorts || options.pipeline_depth != 1 || !options.group_steps ||
+      options.want_logits) {
+    return nullptr;
+  }
+  return std::make_unique<mesh::CohortCarrier>(options.transit_wait_s);
 }
 
 RemoteEndpoint::RemoteEndpoint(std::string address, const ClientOptions& options,
@@ -181,28 +193,22 @@ struct RemoteEndpoint::Impl::Waiter {
   CondVar wake;                // done, or this waiter is the queue's front
 };
 
-void RemoteEndpoint::Impl::SendMany(const std::vector<Waiter*>& batch) {
-  pb::StepManyRequest req;
-  for (const Waiter* w : batch) *req.add_steps() = *w->req;
+RemoteEndpoint::Impl::ManyCall RemoteEndpoint::Impl::CallMany(const pb::StepManyRequest& req,
+                                                              pb::StepManyResponse* resp,
+                                                              std::optional<Error>* failed) {
+  const int n = req.steps_size();
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     Prepare(ctx, options.timeout_s, /*wait_for_ready=*/false);
-    pb::StepManyResponse resp;
-    const grpc::Status s = stub->StepMany(&ctx, req, &resp);
-    if (s.ok() && resp.outcomes_size() == static_cast<int>(batch.size())) {
-      for (size_t i = 0; i < batch.size(); ++i) {
-        batch[i]->outcome.Swap(resp.mutable_outcomes(static_cast<int>(i)));
-      }
-      return;
-    }
+    resp->Clear();
+    const grpc::Status s = stub->StepMany(&ctx, req, resp);
+    if (s.ok() && resp->outcomes_size() == n) return ManyCall::kAnswered;
     if (s.ok()) {
-      for (Waiter* w : batch) {
-        w->error.emplace(ErrorKind::kUnavailable,
-                         address + ": StepMany: malformed answer from the node: " +
-                             std::to_string(resp.outcomes_size()) + " outcomes for " +
-                             std::to_string(batch.size()) + " steps");
-      }
-      return;
+      failed->emplace(ErrorKind::kUnavailable, address +
+                                                   ": StepMany: malformed answer from the node: " +
+                                                   std::to_string(resp->outcomes_size()) +
+                                                   " outcomes for " + std::to_string(n) + " steps");
+      return ManyCall::kFailed;
     }
     const grpc::StatusCode code = s.error_code();
     if (code == grpc::StatusCode::UNAVAILABLE && attempt < options.step_retries &&
@@ -214,19 +220,27 @@ void RemoteEndpoint::Impl::SendMany(const std::vector<Waiter*>& batch) {
         code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
         code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNAUTHENTICATED ||
         code == grpc::StatusCode::PERMISSION_DENIED;
-    std::optional<Error> failed;  // unset: an older node, a message limit...
-    if (transport) {
-      try {
-        ThrowForStatus(s, ctx, address, "StepMany");
-      } catch (const Error& e) {
-        failed = e;
-      }
+    if (!transport) return ManyCall::kAlone;  // an older node, a message limit...
+    try {
+      ThrowForStatus(s, ctx, address, "StepMany");
+    } catch (const Error& e) {
+      *failed = e;
     }
-    for (Waiter* w : batch) {
-      w->alone = !failed;  // each step on its own
-      w->error = failed;
-    }
-    return;
+    return ManyCall::kFailed;
+  }
+}
+
+void RemoteEndpoint::Impl::SendMany(const std::vector<Waiter*>& batch) {
+  pb::StepManyRequest req;
+  for (const Waiter* w : batch) *req.add_steps() = *w->req;
+  pb::StepManyResponse resp;
+  std::optional<Error> failed;
+  const ManyCall call = CallMany(req, &resp, &failed);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Waiter* w = batch[i];
+    if (call == ManyCall::kAnswered) w->outcome.Swap(resp.mutable_outcomes(static_cast<int>(i)));
+    w->alone = call == ManyCall::kAlone;  // each step on its own
+    if (call == ManyCall::kFailed) w->error = failed;
   }
 }
 
@@ -326,6 +340,37 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
   if (self.alone) return m.StepAlone(req, request.route_epoch, request.step_id);
   if (self.error) throw *self.error;
   return m.OutcomeResult(self.outcome, request.route_epoch);
+}
+
+std::vector<mesh::GroupAnswer> RemoteEndpoint::StepGroup(
+    std::span<const mesh::StepRequest> requests) {
+  Impl& m = *impl_;
+  const ClientOptions& o = m.options;
+  std::vector<mesh::GroupAnswer> answers(requests.size());
+  if (requests.empty()) return answers;
+  pb::StepManyRequest req;
+  for (const mesh::StepRequest& r : requests) {
+    EncodeStepRequest(r, o.wire_dtype, o.wire_dtype, o.want_logits, req.add_steps());
+  }
+  const mesh::StepRequest& front = requests.front();
+  util::RankGate::Hold place(m.gate.get(), front.bundle ? front.bundle->next_layer : 0);
+  pb::StepManyResponse resp;
+  std::optional<Error> failed;
+  Impl::ManyCall call = Impl::ManyCall::kAlone;
+  if (requests.size() > 1 && m.node_groups.load()) call = m.CallMany(req, &resp, &failed);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const int k = static_cast<int>(i);
+    try {
+      if (call == Impl::ManyCall::kFailed) throw *failed;
+      answers[i].result =
+          call == Impl::ManyCall::kAnswered
+              ? m.OutcomeResult(resp.outcomes(k), requests[i].route_epoch)
+              : m.StepAlone(req.steps(k), requests[i].route_epoch, requests[i].step_id);
+    } catch (...) {
+      answers[i].error = std::current_exception();
+    }
+  }
+  return answers;
 }
 
 int64_t RemoteEndpoint::steps_waiting() const {
@@ -520,6 +565,7 @@ void CheckOneModel(const Survey& survey, const std::vector<size_t>& usable,
 struct RemoteRouteProvider::Impl {
   ClientOptions options;
   std::vector<std::shared_ptr<RemoteEndpoint>> endpoints;
+  std::unique_ptr<mesh::CohortCarrier> carrier;  // ClientOptions::carry_cohorts, or null
 
   struct NodeState {
     bool dead = false;
@@ -544,6 +590,7 @@ RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses
     if (!seen.insert(a).second) ThrowInvalidArgument("node " + a + " is listed twice");
   }
   impl_->options = options;
+  impl_->carrier = MakeCohortCarrier(options);
   const std::shared_ptr<util::RankGate> gate = MakePipelineGate(options);
   for (auto& a : node_addresses) {
     impl_->endpoints.push_back(std::make_shared<RemoteEndpoint>(std::move(a), options, gate));
@@ -553,6 +600,8 @@ RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses
 }
 
 RemoteRouteProvider::~RemoteRouteProvider() = default;
+
+mesh::CohortCarrier* RemoteRouteProvider::carrier() { return impl_->carrier.get(); }
 
 const std::vector<std::shared_ptr<RemoteEndpoint>>& RemoteRouteProvider::endpoints() const {
   return impl_->endpoints;

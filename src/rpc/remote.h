@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,9 @@ class RemoteEndpoint final : public mesh::ShardEndpoint {
   mesh::ShardInfo Info() override;
   NodeInfo InfoFull();
   mesh::StepResult Step(mesh::StepRequest request) override;
+  // One StepMany call (a lone step: a Step), in the pipeline gate's turn;
+  // a node that refuses StepMany gets the steps one by one.
+  std::vector<mesh::GroupAnswer> StepGroup(std::span<const mesh::StepRequest> requests) override;
   void Release(const std::string& session_id, const std::string& session_secret,
                int64_t route_epoch) override;
   // Keeps the first `length` positions. A miss throws kv::CacheMissError.
@@ -110,6 +114,7 @@ class RemoteRouteProvider final : public mesh::RouteProvider {
   void MarkDead(const mesh::ShardEndpoint& endpoint) override;
   // One of the listed nodes (a session moved there), else nullptr.
   std::shared_ptr<mesh::ShardEndpoint> EndpointFor(const std::string& address) override;
+  mesh::CohortCarrier* carrier() override;
   const std::vector<std::shared_ptr<RemoteEndpoint>>& endpoints() const;
 
  private:
@@ -119,6 +124,8 @@ class RemoteRouteProvider final : public mesh::RouteProvider {
 
 // The gate of ClientOptions::pipeline_depth (null when it is 0).
 std::shared_ptr<util::RankGate> MakePipelineGate(const ClientOptions& options);
+// The carrier of ClientOptions::carry_cohorts (null when it does not apply).
+std::unique_ptr<mesh::CohortCarrier> MakeCohortCarrier(const ClientOptions& options);
 
 // What `meshnet generate --nodes` calls.
 std::unique_ptr<RemoteRouteProvider> MakeRemoteRouteProvider(

@@ -260,6 +260,36 @@ TEST(StepManyTest, ClientGroupsTheStepsWaitingForANode) {
   EXPECT_EQ(steps, 0);
 }
 
+// RemoteEndpoint::StepGroup (what the cohort carrier calls): the six
+// sessions' decode steps, one for a session the node never saw and one with
+// the wrong secret, in one StepMany call; each answer is its own, and the
+// six equal single calls' and run as one batch.
+TEST(StepManyTest, AGroupOfStepsIsOneCallWithItsOwnAnswers) {
+  const auto want = SingleAnswers();
+  Head head;
+  RemoteEndpoint ep(head.server->bound_address(), ClientOptions{});
+  for (int i = 0; i <= kSessions; ++i) ep.Step(Prefill(i));
+  std::vector<mesh::StepRequest> steps;
+  for (int i = 0; i < kSessions; ++i) steps.push_back(Decode(i));
+  steps.push_back(Decode(8));                   // never opened: a miss
+  steps.push_back(Decode(kSessions, "wrong"));  // open, with the wrong secret: an error
+  std::vector<mesh::GroupAnswer> got = ep.StepGroup(steps);
+  ASSERT_EQ(got.size(), steps.size());
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_FALSE(got[i].error) << i;
+    ASSERT_TRUE(got[i].result.has_value()) << i;
+    ExpectNear(std::get<shard::BoundaryBundle>(*got[i].result), want[i], i);
+  }
+  ASSERT_TRUE(got[kSessions].result.has_value());
+  EXPECT_TRUE(std::holds_alternative<kv::CacheMiss>(*got[kSessions].result));
+  ASSERT_TRUE(got[kSessions + 1].error);
+  EXPECT_THROW(std::rethrow_exception(got[kSessions + 1].error), Error);
+  const node::NodeCounters& c = head.server->counters();
+  EXPECT_EQ(c.grouped_calls.load(), 1);
+  EXPECT_EQ(c.grouped_steps.load(), kSessions + 2);
+  EXPECT_EQ(head.Batches().back(), kSessions);  // the six decode steps: one batch
+}
+
 // Both nodes of the shipped model (layers 0-1 and 2-4), each served on
 // 127.0.0.1, with float32 KV; `observed` gets "h" or "t" per batch, in order.
 struct TwoNodes {
