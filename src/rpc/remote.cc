@@ -95,6 +95,10 @@ struct RemoteEndpoint::Impl {
                     std::optional<Error>* failed);
   // CallMany over `batch`: each waiter's outcome, its error, or `alone`.
   void SendMany(const std::vector<Waiter*>& batch);
+  // One StepMany call (a lone step or a refused call: single Steps) for
+  // StepGroup: each step's answer or error into `answers`.
+  void StepGroupCall(std::span<const mesh::StepRequest> requests,
+                     std::span<mesh::GroupAnswer> answers);
   // The call is over: wakes its waiters and the next leader.
   void FinishBatch(const std::vector<Waiter*>& batch) EXCLUDES(group_mu);
   // A waiter's outcome as Step's result or error.
@@ -226,7 +230,7 @@ RemoteEndpoint::Impl::ManyCall RemoteEndpoint::Impl::CallMany(const pb::StepMany
     } catch (const Error& e) {
       *failed = e;
     }
-    return ManyCall::kFailed;
+    return failed->has_value() ? ManyCall::kFailed : ManyCall::kAlone;
   }
 }
 
@@ -342,33 +346,43 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
   return m.OutcomeResult(self.outcome, request.route_epoch);
 }
 
-std::vector<mesh::GroupAnswer> RemoteEndpoint::StepGroup(
-    std::span<const mesh::StepRequest> requests) {
-  Impl& m = *impl_;
-  const ClientOptions& o = m.options;
-  std::vector<mesh::GroupAnswer> answers(requests.size());
-  if (requests.empty()) return answers;
+void RemoteEndpoint::Impl::StepGroupCall(std::span<const mesh::StepRequest> requests,
+                                         std::span<mesh::GroupAnswer> answers) {
   pb::StepManyRequest req;
   for (const mesh::StepRequest& r : requests) {
-    EncodeStepRequest(r, o.wire_dtype, o.wire_dtype, o.want_logits, req.add_steps());
+    EncodeStepRequest(r, options.wire_dtype, options.wire_dtype, options.want_logits,
+                      req.add_steps());
   }
-  const mesh::StepRequest& front = requests.front();
-  util::RankGate::Hold place(m.gate.get(), front.bundle ? front.bundle->next_layer : 0);
   pb::StepManyResponse resp;
   std::optional<Error> failed;
-  Impl::ManyCall call = Impl::ManyCall::kAlone;
-  if (requests.size() > 1 && m.node_groups.load()) call = m.CallMany(req, &resp, &failed);
+  ManyCall call = ManyCall::kAlone;
+  if (requests.size() > 1 && node_groups.load()) call = CallMany(req, &resp, &failed);
   for (size_t i = 0; i < requests.size(); ++i) {
     const int k = static_cast<int>(i);
     try {
-      if (call == Impl::ManyCall::kFailed) throw *failed;
+      if (call == ManyCall::kFailed) throw *failed;
       answers[i].result =
-          call == Impl::ManyCall::kAnswered
-              ? m.OutcomeResult(resp.outcomes(k), requests[i].route_epoch)
-              : m.StepAlone(req.steps(k), requests[i].route_epoch, requests[i].step_id);
+          call == ManyCall::kAnswered
+              ? OutcomeResult(resp.outcomes(k), requests[i].route_epoch)
+              : StepAlone(req.steps(k), requests[i].route_epoch, requests[i].step_id);
     } catch (...) {
       answers[i].error = std::current_exception();
     }
+  }
+}
+
+std::vector<mesh::GroupAnswer> RemoteEndpoint::StepGroup(
+    std::span<const mesh::StepRequest> requests) {
+  Impl& m = *impl_;
+  std::vector<mesh::GroupAnswer> answers(requests.size());
+  if (requests.empty()) return answers;
+  const mesh::StepRequest& front = requests.front();
+  util::RankGate::Hold place(m.gate.get(), front.bundle ? front.bundle->next_layer : 0);
+  // Calls of at most kMaxGroupedSteps, one after another: each grouped step
+  // takes one of the node's per-peer call slots (32 by default).
+  for (size_t at = 0; at < requests.size(); at += Impl::kMaxGroupedSteps) {
+    const size_t n = std::min(Impl::kMaxGroupedSteps, requests.size() - at);
+    m.StepGroupCall(requests.subspan(at, n), std::span(answers).subspan(at, n));
   }
   return answers;
 }

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -288,6 +289,35 @@ TEST(StepManyTest, AGroupOfStepsIsOneCallWithItsOwnAnswers) {
   EXPECT_EQ(c.grouped_calls.load(), 1);
   EXPECT_EQ(c.grouped_steps.load(), kSessions + 2);
   EXPECT_EQ(head.Batches().back(), kSessions);  // the six decode steps: one batch
+}
+
+// A group of more steps than one call takes goes as calls of at most 32,
+// one after another: each grouped step takes one of the node's per-peer call
+// slots (32 by default), and one call of 40 had 8 steps refused as busy.
+TEST(StepManyTest, AGroupLargerThanACallGoesInCallsOf32) {
+  constexpr int kMany = 40;
+  Head head;
+  RemoteEndpoint ep(head.server->bound_address(), ClientOptions{});
+  std::vector<mesh::StepRequest> steps;
+  for (int i = 0; i < kMany; ++i) {
+    char id[33];
+    std::snprintf(id, sizeof(id), "%032x", 0x5e551000 + i);
+    mesh::StepRequest p = Prefill(0);
+    p.session_id = id;
+    ep.Step(p);
+    steps.push_back(Decode(0));
+    steps.back().session_id = id;
+  }
+  const std::vector<mesh::GroupAnswer> got = ep.StepGroup(steps);
+  ASSERT_EQ(got.size(), steps.size());
+  for (int i = 0; i < kMany; ++i) {
+    ASSERT_FALSE(got[i].error) << i;
+    ASSERT_TRUE(got[i].result.has_value()) << i;
+    EXPECT_TRUE(std::holds_alternative<shard::BoundaryBundle>(*got[i].result)) << i;
+  }
+  const node::NodeCounters& c = head.server->counters();
+  EXPECT_EQ(c.grouped_calls.load(), 2);
+  EXPECT_EQ(c.grouped_steps.load(), kMany);
 }
 
 // Both nodes of the shipped model (layers 0-1 and 2-4), each served on
