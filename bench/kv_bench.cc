@@ -14,6 +14,10 @@
 //  (d) BM_ChurnReserved: reserved / logical bytes while sessions of mean
 //      length 512 grow and are released (<= 1.03 wanted), against a
 //      contiguous doubling buffer per session (std::vector growth).
+//  (d') BM_RecipeCheckedStep: one-token steps checked against the
+//      computation's recipe (a copy of the manager's, as a node's adapter
+//      passes it) vs the same steps unchecked, interleaved;
+//      checked_vs_unchecked (time ratio, ~1 wanted).
 //  (e) BM_DisjointAppend with 1 and 2 threads on disjoint sessions;
 //      scaling_vs_1_thread (realistic rows, and tiny rows that leave only the
 //      manager's bookkeeping).
@@ -94,9 +98,11 @@ const std::vector<float>& SourceRow() {
   return row;
 }
 
-// Appends `n` positions through the step API, writing rows in place.
-int64_t StepAppend(HotKvStateManager& m, const std::string& id, int64_t n) {
-  StepResult r = m.BeginStep(id, 0, n);
+// Appends `n` positions through the step API, writing rows in place; with
+// `recipe`, the step is checked against it (as every node step is).
+int64_t StepAppend(HotKvStateManager& m, const std::string& id, int64_t n,
+                   const KvCacheRecipe* recipe = nullptr) {
+  StepResult r = m.BeginStep(id, 0, n, recipe);
   KvStep& step = std::get<KvStep>(r);
   const float* src = SourceRow().data();  // rows are at most kRowBytes
   for (int layer = m.recipe().start_layer; layer <= m.recipe().end_layer; ++layer) {
@@ -331,6 +337,39 @@ void BM_AppendLive(benchmark::State& state) {
   ReportFlatness(state, &at10, "append", 1e9 * (ThreadSeconds() - t0) / kReps);
 }
 BENCHMARK(BM_AppendLive)->Arg(10)->Arg(1000)->Arg(100000)->Unit(benchmark::kNanosecond);
+
+void BM_RecipeCheckedStep(benchmark::State& state) {
+  LiveFixture f(16);
+  const KvCacheRecipe recipe = f.m->recipe();  // the computation's own copy
+  size_t i = 0;
+  int64_t round = 0;
+  auto one = [&](const KvCacheRecipe* r) {
+    StepAppend(*f.m, f.ids[i], 1, r);
+    if (++i == f.ids.size()) {
+      i = 0;
+      if (++round == 64) {
+        for (const std::string& id : f.ids) f.m->Truncate(id, 0, 0);
+        round = 0;
+      }
+    }
+  };
+  for (auto _ : state) one(&recipe);
+  state.SetItemsProcessed(state.iterations());
+  constexpr int kReps = 4096;
+  double checked = 0, unchecked = 0;
+  for (int rep = 0; rep < 4; ++rep) {  // interleaved
+    double t0 = ThreadSeconds();
+    for (int r = 0; r < kReps; ++r) one(&recipe);
+    checked += ThreadSeconds() - t0;
+    t0 = ThreadSeconds();
+    for (int r = 0; r < kReps; ++r) one(nullptr);
+    unchecked += ThreadSeconds() - t0;
+  }
+  state.counters["checked_ns"] = 1e9 * checked / (4 * kReps);
+  state.counters["unchecked_ns"] = 1e9 * unchecked / (4 * kReps);
+  state.counters["checked_vs_unchecked"] = checked / unchecked;
+}
+BENCHMARK(BM_RecipeCheckedStep)->Unit(benchmark::kNanosecond);
 
 // ----------------------------------------------------------------- (d)
 void BM_ChurnReserved(benchmark::State& state) {

@@ -128,7 +128,8 @@ struct ManagerState {
   // --- immutable after construction ---
   const Clock* clock;
   HotKvStateConfig config;
-  std::string fingerprint;
+  KvCacheRecipe recipe;
+  std::string fingerprint;  // recipe's
   int first_layer = 0;
   int num_layers = 0;
   int n_kv_heads = 0;

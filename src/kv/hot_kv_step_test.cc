@@ -84,6 +84,41 @@ class KvStepTest : public ::testing::Test {
   std::unique_ptr<HotKvStateManager> m_;
 };
 
+// A step's recipe passes when it is the manager's, field by field or by
+// fingerprint (an alias of the architecture's name); any other field refuses
+// it before anything is reserved.
+TEST_F(KvStepTest, StepRecipeIsCheckedFieldByFieldAndByFingerprint) {
+  Make();
+  m_->Open("a", 0);
+  const std::vector<std::function<void(KvCacheRecipe&)>> changes = {
+      [](KvCacheRecipe& r) { r.architecture_adapter = "qwen2"; },
+      [](KvCacheRecipe& r) { r.kv_dtype = KvDtype::kF16; },
+      [](KvCacheRecipe& r) { r.n_kv_heads += 1; },
+      [](KvCacheRecipe& r) { r.head_dim += 1; },
+      [](KvCacheRecipe& r) { r.total_layers += 1; },
+      [](KvCacheRecipe& r) { r.start_layer -= 1; },
+      [](KvCacheRecipe& r) { r.end_layer -= 1; },
+      [](KvCacheRecipe& r) { r.boundary_schema_version += 1; },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    KvCacheRecipe other = recipe_;
+    changes[i](other);
+    ASSERT_FALSE(other == recipe_) << i;
+    EXPECT_EQ(Outcome([&] { (void)m_->BeginStep("a", 0, 1, &other); }), "incompatible-recipe")
+        << "change " << i;
+    EXPECT_EQ(m_->Stats().blocks_used, 0) << i;
+  }
+  KvCacheRecipe alias = recipe_;
+  alias.architecture_adapter = "LlamaForCausalLM";
+  ASSERT_FALSE(alias == recipe_);
+  for (const KvCacheRecipe* r : {&recipe_, &alias}) {
+    StepResult begun = m_->BeginStep("a", 0, 1, r);
+    ASSERT_TRUE(std::holds_alternative<KvStep>(begun));
+    EXPECT_EQ(std::get<KvStep>(begun).Commit(), std::nullopt);
+  }
+  EXPECT_EQ(m_->Get("a", 0).seq_len(), 2);
+}
+
 TEST_F(KvStepTest, BudgetCountsWholeReservedBlocks) {
   Make();
   EXPECT_EQ(m_->block_bytes(), 128);

@@ -35,8 +35,11 @@ struct KvCacheRecipe {
   //  head_dim, kind:"hot-kv-recipe", kv_dtype, n_kv_heads, start_layer, total_layers}.
   std::string Fingerprint() const;
   bool IsCompatible(const KvCacheRecipe& other) const {
-    return Fingerprint() == other.Fingerprint();
+    return *this == other || Fingerprint() == other.Fingerprint();
   }
+  // Field by field: equal recipes have equal fingerprints (recipes that differ
+  // only in an alias of the architecture's name are compatible, not equal).
+  friend bool operator==(const KvCacheRecipe&, const KvCacheRecipe&) = default;
 };
 
 }  // namespace meshnet::kv
