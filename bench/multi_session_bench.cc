@@ -16,7 +16,9 @@
 //    (its share of the wall time).
 //  * Ratios/<type>: from the Throughput runs of this process: 16 vs 1 session
 //    (aggregate tokens/s; goal >= 6 once nodes batch), 3-node / in-process at 16
-//    sessions (goal >= 0.8), and inter-token p50/p99 at 16 sessions over 1
+//    sessions (goal >= 0.8; <route>_vs_inproc_N against one node of every
+//    layer, <route>_vs_inproc3_N against the same three layer ranges as
+//    in-process shards when the run has inproc3), and inter-token p50/p99 at 16 sessions over 1
 //    (goal <= 3); in process, <route>_16v1_batch (batch time 16 vs 1: step
 //    cost) and <route>_16v1_itl50_sched (the ITL p50 ratio over it: batches a
 //    token spans, queueing).
@@ -404,13 +406,17 @@ void BM_Ratios(benchmark::State& state, std::string type) {
   for (const std::string& route : Flags().routes) {  // 3node, 3node_depth1, ...
     if (route.rfind("3node", 0) != 0) continue;
     for (int n : Flags().sessions) {
-      const Figures* in = get("inproc", n);
       const Figures* three = get(route, n);
-      if (in == nullptr || three == nullptr) continue;
-      state.counters[route + "_vs_inproc_" + std::to_string(n)] =
-          three->tokens_per_s / in->tokens_per_s;
-      state.counters[route + "_vs_inproc_cpu_" + std::to_string(n)] =
-          three->tokens_per_cpu_s / in->tokens_per_cpu_s;
+      // Against one in-process node of every layer, and against the same
+      // three layer ranges as in-process shards (the CLI's default route).
+      for (const std::string& base : {"inproc", "inproc3"}) {
+        const Figures* in = get(base, n);
+        if (in == nullptr || three == nullptr) continue;
+        state.counters[route + "_vs_" + base + "_" + std::to_string(n)] =
+            three->tokens_per_s / in->tokens_per_s;
+        state.counters[route + "_vs_" + base + "_cpu_" + std::to_string(n)] =
+            three->tokens_per_cpu_s / in->tokens_per_cpu_s;
+      }
     }
   }
 }
