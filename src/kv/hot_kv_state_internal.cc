@@ -14,7 +14,6 @@ namespace meshnet::kv {
 ManagerState::ManagerState(const KvCacheRecipe& recipe, const HotKvStateConfig& cfg, const Clock* c)
     : clock(c),
       config(cfg),
-      recipe(recipe),
       fingerprint(recipe.Fingerprint()),
       first_layer(recipe.start_layer),
       num_layers(recipe.num_owned_layers()),

@@ -128,8 +128,7 @@ struct ManagerState {
   // --- immutable after construction ---
   const Clock* clock;
   HotKvStateConfig config;
-  KvCacheRecipe recipe;
-  std::string fingerprint;  // recipe's
+  std::string fingerprint;
   int first_layer = 0;
   int num_layers = 0;
   int n_kv_heads = 0;
