@@ -47,7 +47,10 @@
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
 // Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none)
 // --mb_prefill=3node_depth1 (routes of Prefill; default none) --mb_prompt_chunk=512
-// (Prefill's pieces). Each benchmark
+// (Prefill's pieces) --mb_warm=1 (Throughput: one untimed run of the same
+// sessions and tokens before the timed one, its tokens/s kept as
+// cold_tok_per_s; 0 times the first run: one-time costs such as the KV
+// arena's first-touch page faults then fall in it). Each benchmark
 // runs one iteration (a run of many sessions is its own repetition).
 #include <benchmark/benchmark.h>
 #include <time.h>
@@ -93,6 +96,7 @@ struct BenchFlags {
   std::vector<std::string> mixed = {"inproc"};  // routes of the Mixed benchmark
   std::vector<std::string> prefill;             // routes of the Prefill benchmark
   int64_t prompt_chunk = 512;                   // Prefill's pieces
+  bool warm = true;  // Throughput: an untimed run of the same shape first
 };
 
 BenchFlags& Flags() {
@@ -138,6 +142,8 @@ void ParseFlags(int* argc, char** argv) {
       f.prefill = std::string(v) == "0" ? std::vector<std::string>{} : SplitCsv(v);
     } else if (const char* v = value("mb_prompt_chunk")) {
       f.prompt_chunk = std::stoll(v);
+    } else if (const char* v = value("mb_warm")) {
+      f.warm = std::stoi(v) != 0;
     } else {
       argv[kept++] = argv[i];
     }
@@ -339,6 +345,10 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   o.max_tokens = Flags().tokens;
   mesh::MultiSessionReport r;
   double cpu_s = 0, batch_s = 0;
+  if (Flags().warm) {  // the same run untimed: KV pages, channels and threads touched
+    mesh::MultiSessionDriver driver(route.provider(), {});
+    state.counters["cold_tok_per_s"] = driver.Run(Prompts(n), o).TokensPerSecond();
+  }
   for (auto _ : state) {
     mesh::MultiSessionDriver driver(route.provider(), {});
     const double cpu0 = route.CpuSeconds();
