@@ -47,6 +47,9 @@ void ClientOptions::Validate() const {
   if (!(dead_cooldown_s >= 0) || !std::isfinite(dead_cooldown_s)) {
     ThrowInvalidArgument("dead-node cooldown must be >= 0 seconds");
   }
+  if (!(survey_max_age_s >= 0 && survey_max_age_s <= 3600)) {
+    ThrowInvalidArgument("survey max age must be 0..3600 seconds");
+  }
   if (step_retries < 0) ThrowInvalidArgument("step retries must be >= 0");
   if (!(transit_wait_s >= 0 && transit_wait_s <= 60)) {
     ThrowInvalidArgument("transit wait must be 0..60 seconds");

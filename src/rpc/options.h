@@ -51,6 +51,12 @@ struct ClientOptions {
   // A node marked dead is left out of plans for this long, unless its Info
   // shows a new instance (it restarted).
   double dead_cooldown_s = 30.0;
+  // Plans made within this many seconds of a survey of every node (their
+  // Info: layers, load, free KV) reuse it, counting the sessions planned
+  // since on top of each node's load; concurrent plans share one survey in
+  // flight. A survey in which some node did not answer, or a node marked dead
+  // since, is not reused. 0: every plan asks every node.
+  double survey_max_age_s = 1.0;
   // When set: Plan refuses nodes whose model identity (node::ModelIdentity)
   // differs, e.g. the model the client's tokenizer was read from.
   std::string expected_model_id;

@@ -524,6 +524,10 @@ struct Survey {
   std::vector<std::string> notes;              // why nodes are left out
   bool denied = false;                         // some node refused our credentials
 
+  bool complete() const {
+    return std::all_of(infos.begin(), infos.end(), [](const auto& i) { return i.has_value(); });
+  }
+
   std::string WithNotes(std::string msg) const {
     if (!notes.empty()) {
       msg += " (";
@@ -590,10 +594,74 @@ struct RemoteRouteProvider::Impl {
   Mutex mu;
   std::vector<NodeState> state GUARDED_BY(mu);  // parallel to endpoints
 
+  // The latest complete survey, reusable until ClientOptions::survey_max_age_s
+  // after it began, and the sessions planned through each node since.
+  std::shared_ptr<const Survey> survey GUARDED_BY(mu);
+  std::chrono::steady_clock::time_point survey_began GUARDED_BY(mu);
+  std::vector<int64_t> planned_since GUARDED_BY(mu);
+  uint64_t survey_id GUARDED_BY(mu) = 0;  // counts the surveys kept
+  bool surveying GUARDED_BY(mu) = false;  // one survey in flight at a time
+  CondVar surveyed{&mu};
+
+  // The survey a plan uses (reused, or asked now or by a concurrent plan);
+  // *planned: the sessions planned through each node since it, *which: its
+  // survey_id (0: not kept), for NotePlanned.
+  Survey CurrentSurvey(std::vector<int64_t>* planned, uint64_t* which) EXCLUDES(mu);
+  void NotePlanned(uint64_t which, std::span<const size_t> nodes) EXCLUDES(mu);
+
   // The surveyed nodes a plan may use (alive, or back; our protocol); notes
   // why the others are left out.
   std::vector<size_t> UsableLocked(Survey& survey) REQUIRES(mu);
 };
+
+Survey RemoteRouteProvider::Impl::CurrentSurvey(std::vector<int64_t>* planned, uint64_t* which) {
+  planned->assign(endpoints.size(), 0);
+  *which = 0;
+  if (options.survey_max_age_s <= 0) return AskAll(endpoints);
+  const auto max_age = std::chrono::duration<double>(options.survey_max_age_s);
+  std::chrono::steady_clock::time_point began;
+  {
+    MutexLock lock(&mu);
+    for (;;) {
+      if (survey != nullptr && std::chrono::steady_clock::now() - survey_began < max_age) {
+        *planned = planned_since;
+        *which = survey_id;
+        return *survey;
+      }
+      if (!surveying) break;
+      surveyed.Wait();  // a concurrent plan's survey: fresher than anything here
+    }
+    surveying = true;
+    began = std::chrono::steady_clock::now();
+  }
+  std::optional<Survey> fresh;
+  try {
+    fresh = AskAll(endpoints);
+  } catch (...) {  // no thread for a call: the next plan asks again
+    MutexLock lock(&mu);
+    surveying = false;
+    surveyed.SignalAll();
+    throw;
+  }
+  MutexLock lock(&mu);
+  surveying = false;
+  surveyed.SignalAll();
+  if (fresh->complete()) {
+    survey = std::make_shared<const Survey>(*fresh);
+    survey_began = began;
+    planned_since.assign(endpoints.size(), 0);
+    *which = ++survey_id;
+  } else {
+    survey.reset();  // a node did not answer: the next plan asks again
+  }
+  return *std::move(fresh);
+}
+
+void RemoteRouteProvider::Impl::NotePlanned(uint64_t which, std::span<const size_t> nodes) {
+  MutexLock lock(&mu);
+  if (which == 0 || which != survey_id) return;  // a newer survey counts afresh
+  for (size_t i : nodes) ++planned_since[i];
+}
 
 RemoteRouteProvider::RemoteRouteProvider(std::vector<std::string> node_addresses,
                                          const ClientOptions& options)
@@ -638,6 +706,7 @@ void RemoteRouteProvider::MarkDead(const mesh::ShardEndpoint& endpoint) {
     st.dead_since = std::chrono::steady_clock::now();
     st.dead_instance = st.last_instance;
     ClientLog().info("event=node_dead node={}", endpoint.name());
+    impl_->survey.reset();  // the next plan asks every node again
   }
 }
 
@@ -671,7 +740,9 @@ std::vector<size_t> RemoteRouteProvider::Impl::UsableLocked(Survey& survey) {
 
 mesh::Route RemoteRouteProvider::Plan() {
   Impl& m = *impl_;
-  Survey survey = AskAll(m.endpoints);
+  std::vector<int64_t> planned;
+  uint64_t which = 0;
+  Survey survey = m.CurrentSurvey(&planned, &which);
   std::vector<size_t> usable;
   {
     MutexLock lock(&m.mu);
@@ -697,8 +768,8 @@ mesh::Route RemoteRouteProvider::Plan() {
   std::vector<mesh::RouteCandidate> candidates;
   for (size_t i : usable) {
     const mesh::ShardInfo& s = survey.infos[i]->shard;
-    candidates.push_back(
-        {m.endpoints[i]->name(), s.start_layer, s.end_layer, s.live_sessions, s.kv_bytes_free});
+    candidates.push_back({m.endpoints[i]->name(), s.start_layer, s.end_layer,
+                          s.live_sessions + planned[i], s.kv_bytes_free});
   }
   std::vector<size_t> picked;
   try {
@@ -707,7 +778,12 @@ mesh::Route RemoteRouteProvider::Plan() {
     throw Error(e.kind(), survey.WithNotes(e.what()));
   }
   mesh::Route route;
-  for (size_t k : picked) route.hops.push_back(m.endpoints[usable[k]]);
+  std::vector<size_t> nodes;
+  for (size_t k : picked) {
+    route.hops.push_back(m.endpoints[usable[k]]);
+    nodes.push_back(usable[k]);
+  }
+  m.NotePlanned(which, nodes);
   return route;
 }
 

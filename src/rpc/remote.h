@@ -24,7 +24,9 @@
 // Error(kUnavailable), which the generator treats as a dead hop. Other
 // statuses map back to their meshnet ErrorKind (table in proto/meshnet.proto).
 //
-// RemoteRouteProvider::Plan asks every node for Info (in parallel), checks that
+// RemoteRouteProvider::Plan asks every node for Info (in parallel; a survey
+// younger than ClientOptions::survey_max_age_s in which every node answered is
+// reused, with the sessions planned since added to each node's load), checks that
 // all answering nodes serve one model (same model id, architecture and layer
 // count; otherwise Error(kInvalidArgument) naming them), and plans with
 // mesh::PlanRoute (fewest hops, then least loaded). A node marked dead is left
