@@ -82,6 +82,15 @@ TEST(PlanBatch, WhatCountsAsShort) {
   EXPECT_EQ(Plan({kDecode, piece}, o, 3), (std::vector<int64_t>{1, 3}));
 }
 
+// Placement (ThreadPool::PinnedCaller) for every batch but a lone decode
+// step: a lone prompt left to the scheduler often ran on one CPU.
+TEST(PlaceBatch, EverythingButALoneDecodeStepIsPlaced) {
+  EXPECT_FALSE(PlaceBatch(1, 1));  // a lone session's decode step stays where it is
+  EXPECT_TRUE(PlaceBatch(1, 5));   // a lone prompt
+  EXPECT_TRUE(PlaceBatch(2, 2));   // two sessions' decode steps
+  EXPECT_TRUE(PlaceBatch(16, 80));
+}
+
 // The oldest step always runs, whatever the limits leave: with two sessions
 // per batch and the oldest a long prompt, one decode step rides with it.
 TEST(PlanBatch, OldestStepAlwaysRunsWithinLimits) {

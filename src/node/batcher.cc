@@ -188,11 +188,12 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
     Observe();
     const Clock::time_point start = Clock::now();
     {
-      // A batch of several sessions: its leader and the pool's workers on CPUs
-      // of their own (util/thread_pool.h, Placement). A lone session's step
-      // stays where it is: pinning it cost ~5% (a migration per step), and
-      // with nobody else runnable its threads are not crowded together.
-      const ThreadPool::PinnedCaller pin(batch_.size() > 1 ? shard_->pool() : nullptr);
+      // Its leader and the pool's workers on CPUs of their own
+      // (util/thread_pool.h, Placement), unless it is a lone decode step.
+      int64_t rows = 0;
+      for (const Item* it : batch_) rows += it->take;
+      const ThreadPool::PinnedCaller pin(PlaceBatch(batch_.size(), rows) ? shard_->pool()
+                                                                         : nullptr);
       Execute();
     }
     if (observer_ && after_observer_) after_observer_(view_);
