@@ -67,7 +67,7 @@ bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o);
 // several sessions or rows, yes; a lone session's decode step, no (pinning
 // it cost 3-5%: a migration per step). Left to the scheduler, a lone prompt
 // often ran on one CPU (the woken worker placed beside its caller) at twice
-// the time: an API request's 5-token prompt, p90 9.8-13.5 ms against 6.0-6.3
+// the time: an API request's 5-token prompt, p90 9.8-13.5 ms against 5.4-6.8
 // pinned.
 bool PlaceBatch(size_t steps, int64_t rows);
 

@@ -190,10 +190,8 @@ void Batcher::LeadLocked(std::span<Item* const> mine) {
     {
       // Its leader and the pool's workers on CPUs of their own
       // (util/thread_pool.h, Placement), unless it is a lone decode step.
-      int64_t rows = 0;
-      for (const Item* it : batch_) rows += it->take;
-      const ThreadPool::PinnedCaller pin(PlaceBatch(batch_.size(), rows) ? shard_->pool()
-                                                                         : nullptr);
+      const ThreadPool::PinnedCaller pin(PlaceBatch(batch_.size(), BatchRows()) ? shard_->pool()
+                                                                                : nullptr);
       Execute();
     }
     if (observer_ && after_observer_) after_observer_(view_);
@@ -451,6 +449,12 @@ void Batcher::RunAlone(Item& self) {
   step.logits_ready = true;
 }
 
+int64_t Batcher::BatchRows() const {
+  int64_t rows = 0;
+  for (const Item* it : batch_) rows += it->take;
+  return rows;
+}
+
 void Batcher::Execute() {
   try {
     const int64_t d = shard_->hparams().n_embd;
@@ -462,8 +466,7 @@ void Batcher::Execute() {
       TailLogits(it->step->hidden.data() + it->done * d);
       return;
     }
-    int64_t rows = 0;
-    for (const Item* it : batch_) rows += it->take;
+    const int64_t rows = BatchRows();
     if (hidden_.size() < static_cast<size_t>(rows * d)) hidden_.resize(rows * d);
     float* row = hidden_.data();
     for (Item* it : batch_) {

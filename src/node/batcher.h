@@ -188,6 +188,8 @@ class Batcher {
   // Forward pass (and LM head) over batch_; no lock held. Only the leader
   // touches batch_ and the buffers.
   void Execute();
+  // The rows batch_ computes (the sum of its steps' take); leader only.
+  int64_t BatchRows() const;
   // Tail: the logits of the steps this batch finishes, from `rows` (the
   // batch's stacked output rows), as one LM head matmul.
   void TailLogits(const float* rows);

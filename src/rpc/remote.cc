@@ -596,7 +596,7 @@ struct RemoteRouteProvider::Impl {
 
   // The latest complete survey, reusable until ClientOptions::survey_max_age_s
   // after it began, and the sessions planned through each node since.
-  std::shared_ptr<const Survey> survey GUARDED_BY(mu);
+  std::optional<Survey> survey GUARDED_BY(mu);
   std::chrono::steady_clock::time_point survey_began GUARDED_BY(mu);
   std::vector<int64_t> planned_since GUARDED_BY(mu);
   uint64_t survey_id GUARDED_BY(mu) = 0;  // counts the surveys kept
@@ -623,7 +623,7 @@ Survey RemoteRouteProvider::Impl::CurrentSurvey(std::vector<int64_t>* planned, u
   {
     MutexLock lock(&mu);
     for (;;) {
-      if (survey != nullptr && std::chrono::steady_clock::now() - survey_began < max_age) {
+      if (survey && std::chrono::steady_clock::now() - survey_began < max_age) {
         *planned = planned_since;
         *which = survey_id;
         return *survey;
@@ -634,7 +634,7 @@ Survey RemoteRouteProvider::Impl::CurrentSurvey(std::vector<int64_t>* planned, u
     surveying = true;
     began = std::chrono::steady_clock::now();
   }
-  std::optional<Survey> fresh;
+  Survey fresh;
   try {
     fresh = AskAll(endpoints);
   } catch (...) {  // no thread for a call: the next plan asks again
@@ -646,15 +646,15 @@ Survey RemoteRouteProvider::Impl::CurrentSurvey(std::vector<int64_t>* planned, u
   MutexLock lock(&mu);
   surveying = false;
   surveyed.SignalAll();
-  if (fresh->complete()) {
-    survey = std::make_shared<const Survey>(*fresh);
+  if (fresh.complete()) {
+    survey = fresh;
     survey_began = began;
     planned_since.assign(endpoints.size(), 0);
     *which = ++survey_id;
   } else {
     survey.reset();  // a node did not answer: the next plan asks again
   }
-  return *std::move(fresh);
+  return fresh;
 }
 
 void RemoteRouteProvider::Impl::NotePlanned(uint64_t which, std::span<const size_t> nodes) {
