@@ -5,6 +5,7 @@
 
 #include "cli/common.h"
 #include "model/hparams.h"
+#include "node/admission.h"
 #include "node/layer_range.h"
 #include "util/sizes.h"
 
@@ -20,6 +21,9 @@ InProcessRoute MakeInProcessRoute(std::shared_ptr<const gguf::GgufFile> file,
   mo.ggml_parity = f.ggml_parity;
   mo.kv_config.budget_bytes = ParseByteSize(f.kv_budget);
   mo.kv_config.max_sessions = std::max<int64_t>(mo.kv_config.max_sessions, f.min_sessions);
+  // Generating sessions keep their KV room against later ones (kv/
+  // hot_kv_state.h, active_seconds), within `serve`'s default --active-window.
+  mo.kv_config.active_seconds = node::AdmissionOptions{}.active_window_s;
   mo.kv_config.Validate();
   mo.batch = BatchOptionsFrom(f.batch);
   const int threads =

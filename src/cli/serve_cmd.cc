@@ -98,6 +98,9 @@ kv::HotKvStateConfig KvConfigFrom(const ServeFlags& f) {
   c.max_sessions = f.max_sessions;
   c.ttl_seconds = f.ttl_s;
   c.block_tokens = f.block_tokens;
+  // Sessions with a step within --active-window keep their KV room against
+  // later ones (kv/hot_kv_state.h, active_seconds).
+  c.active_seconds = f.active_window_s;
   c.Validate();
   return c;
 }
@@ -236,7 +239,8 @@ void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
       ->check(IntRange(0, 4096));
   sub->add_option("--active-window", f->active_window_s,
                   "Seconds since its last step that a session counts as active "
-                  "(never evicted to admit a new one)")
+                  "(never evicted to admit a new one; keeps its KV room against "
+                  "sessions that arrived after it)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 86400.0));
   sub->add_option(

@@ -20,6 +20,8 @@ std::string_view CacheMissReasonName(CacheMissReason r) {
       return "seq-len-mismatch";
     case CacheMissReason::kMoved:
       return "moved";
+    case CacheMissReason::kPreempted:
+      return "preempted";
   }
   return "unknown";
 }

@@ -20,11 +20,16 @@ enum class CacheMissReason {
   // The session's KV moved to another node (CacheMiss::moved_to); answered by
   // a node that drained or handed it over, never by the KV manager itself.
   kMoved,
+  // Evicted while active for a session that arrived before it, the budget
+  // being full of active sessions (HotKvStateConfig::active_seconds): the
+  // node is full, as "busy" says; clients re-prefill without counting it as
+  // a failure. Never in a reference trace.
+  kPreempted,
 };
-inline constexpr int kNumCacheMissReasons = 7;
+inline constexpr int kNumCacheMissReasons = 8;
 
 // "unknown-session", "evicted-ttl", "evicted-lru", "released",
-// "superseded-epoch", "seq-len-mismatch", "moved".
+// "superseded-epoch", "seq-len-mismatch", "moved", "preempted".
 std::string_view CacheMissReasonName(CacheMissReason r);
 
 // The first 8 characters (code points) of a session id, as the reference's

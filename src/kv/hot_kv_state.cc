@@ -93,6 +93,9 @@ void HotKvStateConfig::Validate() const {
   if (!(pinned_wait_seconds >= 0 && pinned_wait_seconds <= 3600)) {
     ThrowInvalidArgument("pinned_wait_seconds must be in [0, 3600]");
   }
+  if (!(active_seconds >= 0 && active_seconds <= 86400)) {
+    ThrowInvalidArgument("active_seconds must be in [0, 86400]");
+  }
 }
 
 // --- Manager ------------------------------------------------------------------
@@ -176,11 +179,36 @@ struct Begun {
 };
 
 // A reservation that would fit the budget, but whose room is held by other
-// sessions pinned by in-flight steps: transient. Thrown by BeginLocked and
-// handled by BeginWaitingLocked, which waits for pins to go.
-struct PinnedShortage {
+// sessions pinned by in-flight steps, or (`active`) by active sessions that
+// arrived before it (HotKvStateConfig::active_seconds): transient. Thrown by
+// BeginLocked and handled by BeginWaitingLocked, which waits for room.
+struct RoomShortage {
   std::string message;
+  bool active = false;
 };
+
+// No room for `extra` more blocks of `e` after MakeRoomLocked. Held by
+// pins, or by a new context's earlier active sessions: throws RoomShortage
+// (the caller waits). Held by earlier active sessions while `e` has state:
+// `e` is the latest of the active sessions, and is preempted itself (its
+// miss returned) rather than stall, in a batch, the steps queued behind it.
+CacheMiss NoRoomLocked(ManagerState& m, SessionEntry* e, int64_t extra) REQUIRES(m.mu) {
+  const bool active = m.config.active_seconds > 0 &&
+                      m.pool.used() - m.EvictableBlocksLocked(e) + extra <= m.pool.capacity();
+  if (active && e->seq_len > 0) {
+    CacheMiss miss{e->session_id, e->route_epoch, CacheMissReason::kPreempted,
+                   "the KV budget is full of active sessions that arrived before it"};
+    m.DropLocked(e, CacheMissReason::kPreempted, true, miss.detail);
+    ++m.misses[static_cast<int>(CacheMissReason::kPreempted)];
+    return miss;
+  }
+  const std::string holders =
+      active ? "active sessions that arrived before it" : "sessions pinned by in-flight requests";
+  throw RoomShortage{"session " + ShortSessionId(e->session_id) + " needs " +
+                         std::to_string(extra * m.block_bytes) + " more bytes but " + holders +
+                         " hold the rest of the KV budget " + std::to_string(m.config.budget_bytes),
+                     active};
+}
 
 // The shared check sequence of Append and BeginStep (mu held): stale, TTL,
 // live lookup, busy, expected_seq_len, shape (Append), budget with LRU
@@ -216,17 +244,11 @@ std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id,
   }
   const int64_t have = static_cast<int64_t>(e->blocks.size());
   const int64_t extra = need - have;
-  m.EvictLruUntilLocked(e, [&] {
-    m.mu.AssertHeld();  // called under the lock by EvictLruUntilLocked
+  m.MakeRoomLocked(e, now, [&] {
+    m.mu.AssertHeld();  // called under the lock by MakeRoomLocked
     return m.pool.used() + extra <= m.pool.capacity();
   });
-  if (m.pool.used() + extra > m.pool.capacity()) {
-    throw PinnedShortage{"session " + ShortSessionId(id) + " needs " +
-                         std::to_string(extra * m.block_bytes) +
-                         " more bytes but sessions pinned by in-flight requests hold the rest of "
-                         "the KV budget " +
-                         std::to_string(m.config.budget_bytes)};
-  }
+  if (m.pool.used() + extra > m.pool.capacity()) return NoRoomLocked(m, e, extra);
   ++m.hits;
   try {
     for (int64_t i = 0; i < extra; ++i) {
@@ -259,12 +281,15 @@ std::variant<Begun, CacheMiss> BeginWaitingLocked(ManagerState& m, std::string_v
   while (true) {
     try {
       return BeginLocked(m, id, epoch, expected, kv, n_new);
-    } catch (const PinnedShortage& shortage) {
+    } catch (const RoomShortage& shortage) {
       if (no_pinned_wait) throw PinnedRoomError(shortage.message);
       if (std::chrono::steady_clock::now() >= deadline) {
+        // Held by earlier active sessions: busy until they end (callers
+        // retry with backoff), not a budget the request can never fit.
+        if (shortage.active) throw Error(ErrorKind::kResourceExhausted, shortage.message);
         throw Error(ErrorKind::kBudgetExceeded, shortage.message);
       }
-      ++m.pinned_waits;
+      ++(shortage.active ? m.room_waits : m.pinned_waits);
       m.unpinned.WaitUntil(deadline);
     }
   }
@@ -323,6 +348,7 @@ SessionHandle HotKvStateManager::Open(std::string_view session_id, int64_t route
     auto [it, inserted] = m.ids.try_emplace(std::string(session_id));
     r = &it->second;
     r->id = &it->first;
+    r->arrival = m.next_arrival++;
   } else {
     m.idle_ids.Remove(r);
   }
@@ -525,6 +551,7 @@ HotKvStats HotKvStateManager::Stats() const {
   }
   s.replaced = m.replaced;
   s.pinned_waits = m.pinned_waits;
+  s.room_waits = m.room_waits;
   s.remembered_epochs = static_cast<int64_t>(m.ids.size());
   s.remembered_misses = static_cast<int64_t>(m.miss_list.size());
   return s;

@@ -44,7 +44,8 @@
 // sessions only, and a reservation that would fit the budget alone waits (the
 // lock released, up to config.pinned_wait_seconds) for pins to go, then fails
 // with kBudgetExceeded (the requesting session untouched; victims already
-// evicted stay evicted).
+// evicted stay evicted). With config.active_seconds the byte budget's victims
+// are chosen to protect active sessions instead (see there).
 // TTL expiry, release and supersession do apply to pinned sessions.
 //
 // Thread-safety: every method is thread-safe. One mutex guards the maps and
@@ -86,6 +87,23 @@ struct HotKvStateConfig {
   // before failing with kBudgetExceeded. That shortage is transient; 0 fails
   // at once.
   double pinned_wait_seconds = 5.0;
+  // Protection of active sessions (0: off, the reference's LRU over every
+  // unpinned session; what traces replay). Otherwise a session with a step
+  // within the last `active_seconds` (the Clock's) is active, and room for a
+  // reservation under the byte budget comes from, in order: idle sessions
+  // (least recently used first); then active sessions that arrived after the
+  // requester, the latest first (preemption: a session keeps its arrival
+  // across re-opens, so one preempted and re-prefilled goes before later
+  // ones, and the earliest sessions always progress to their end). When only
+  // the eviction of earlier active sessions could make room, a session with
+  // state is itself the latest: it is preempted (its step answers the miss,
+  // and steps batched behind it do not stall); a new context waits for room
+  // (as for pinned room, up to pinned_wait_seconds), then fails with
+  // kResourceExhausted: busy, retry. Without it, sessions
+  // that together outgrow the budget evict each other's state round after
+  // round (each re-prefill evicting another) until they give up. The session
+  // cap (max_sessions) keeps the reference's LRU either way.
+  double active_seconds = 0;
   // Debug: after every mutating operation, check the internal invariants
   // (HotKvStateManager::InvariantViolation) and abort naming a broken one.
   // O(sessions + blocks) per operation. On by default in sanitizer builds.
@@ -96,7 +114,9 @@ struct HotKvStateConfig {
 #endif
 
   // Reference checks (budget > 0, max_sessions >= 1, ttl >= 0, miss_history >= 0)
-  // plus block_tokens >= 1 and epoch_history >= 0. Throws kInvalidArgument.
+  // plus block_tokens >= 1, epoch_history >= 0, pinned_wait_seconds in
+  // [0, 3600] and active_seconds in [0, 86400] (serve's --active-window).
+  // Throws kInvalidArgument.
   void Validate() const;
 };
 
@@ -118,6 +138,7 @@ struct HotKvStats {
   int64_t remembered_epochs = 0;  // size of the latest-epoch map
   int64_t remembered_misses = 0;  // size of the miss history
   int64_t pinned_waits = 0;       // waits of reservations for room pinned by in-flight steps
+  int64_t room_waits = 0;         // waits for room held by earlier active sessions (active_seconds)
 };
 
 // One owned layer's new K/V for Append (reference: kv_by_layer[layer] = (k, v)).

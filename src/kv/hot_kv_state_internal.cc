@@ -143,11 +143,20 @@ void ManagerState::TrimIdsLocked() {
 }
 
 void ManagerState::ShrinkBlocksLocked(SessionEntry* e, int64_t keep) {
+  if (static_cast<int64_t>(e->blocks.size()) > keep) unpinned.SignalAll();  // room returns
   while (static_cast<int64_t>(e->blocks.size()) > keep) {
     pool.Free(e->blocks.back());
     e->blocks.pop_back();
     if (e->live) --live_blocks;
   }
+}
+
+int64_t ManagerState::EvictableBlocksLocked(const SessionEntry* protect) const {
+  int64_t n = 0;
+  for (const SessionEntry* e = lru.front(); e != nullptr; e = decltype(lru)::Next(e)) {
+    if (e != protect && e->pins == 0) n += static_cast<int64_t>(e->blocks.size());
+  }
+  return n;
 }
 
 void ManagerState::PinLocked(SessionEntry* e) {
@@ -165,6 +174,7 @@ void ManagerState::UnpinLocked(SessionEntry* e) {
 }
 
 void ManagerState::FreeEntryLocked(SessionEntry* e) {
+  if (!e->blocks.empty()) unpinned.SignalAll();  // room returns
   for (uint8_t* b : e->blocks) pool.Free(b);
   delete e;
 }

@@ -102,6 +102,7 @@ struct IdRecord {
   int64_t latest_epoch = 0;
   SessionEntry* live = nullptr;
   ListLinks<IdRecord> idle;  // on ManagerState::idle_ids iff live == nullptr
+  int64_t arrival = 0;       // order of first open (HotKvStateConfig::active_seconds)
 };
 
 struct StringHash {
@@ -140,7 +141,8 @@ struct ManagerState {
 
   mutable Mutex mu;
   // Signalled when a pin goes or blocks return to the pool: a reservation
-  // short of room only because of pinned sessions waits on it.
+  // short of room only because of pinned (or protected active) sessions
+  // waits on it.
   CondVar unpinned{&mu};
   // --- guarded by mu (the entries and records they point to as well) ---
   BlockPool pool GUARDED_BY(mu);
@@ -161,6 +163,8 @@ struct ManagerState {
   int64_t evictions[kNumCacheMissReasons] GUARDED_BY(mu) = {};
   int64_t replaced GUARDED_BY(mu) = 0;
   int64_t pinned_waits GUARDED_BY(mu) = 0;
+  int64_t room_waits GUARDED_BY(mu) = 0;
+  int64_t next_arrival GUARDED_BY(mu) = 0;
 
   // --- helpers; all require mu held ---
   double NowLocked() REQUIRES(mu);
@@ -184,6 +188,14 @@ struct ManagerState {
   // Evicts LRU entries other than `protect` and unpinned until `done()`.
   template <typename Done>
   void EvictLruUntilLocked(const SessionEntry* protect, Done done) REQUIRES(mu);
+  // Room for `protect` under the byte budget: EvictLruUntilLocked, or with
+  // config.active_seconds the protecting order (hot_kv_state.h): idle
+  // entries in LRU order, then unpinned active ones that arrived after
+  // `protect`, the latest first, until `done()`.
+  template <typename Done>
+  void MakeRoomLocked(const SessionEntry* protect, double now, Done done) REQUIRES(mu);
+  // Blocks held by unpinned live entries other than `protect`.
+  int64_t EvictableBlocksLocked(const SessionEntry* protect) const REQUIRES(mu);
   // Frees blocks of `e` beyond the first `keep`.
   void ShrinkBlocksLocked(SessionEntry* e, int64_t keep) REQUIRES(mu);
   void PinLocked(SessionEntry* e) REQUIRES(mu);
@@ -235,6 +247,29 @@ void ManagerState::EvictLruUntilLocked(const SessionEntry* protect, Done done) {
     SessionEntry* next = decltype(lru)::Next(e);
     if (e != protect && e->pins == 0) DropLocked(e, CacheMissReason::kEvictedLru, true);
     e = next;
+  }
+}
+
+template <typename Done>
+void ManagerState::MakeRoomLocked(const SessionEntry* protect, double now, Done done) {
+  const double active = config.active_seconds;
+  if (active <= 0) return EvictLruUntilLocked(protect, done);
+  // Idle ones first; the list is in last_tick order, so they lead it.
+  SessionEntry* e = lru.front();
+  while (e != nullptr && !done() && now - e->last_tick > active) {
+    SessionEntry* next = decltype(lru)::Next(e);
+    if (e != protect && e->pins == 0) DropLocked(e, CacheMissReason::kEvictedLru, true);
+    e = next;
+  }
+  while (!done()) {
+    SessionEntry* victim = nullptr;
+    for (SessionEntry* x = lru.front(); x != nullptr; x = decltype(lru)::Next(x)) {
+      if (x == protect || x->pins > 0 || x->id->arrival < protect->id->arrival) continue;
+      if (victim == nullptr || x->id->arrival > victim->id->arrival) victim = x;
+    }
+    if (victim == nullptr) return;
+    DropLocked(victim, CacheMissReason::kPreempted, true,
+               "the KV budget is full of active sessions and this one arrived last");
   }
 }
 

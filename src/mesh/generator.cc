@@ -125,8 +125,13 @@ class GenerationLoop {
         continue;
       }
       if (step.miss) {
-        Recover(step.miss->ToString() + "; re-prefilling " + std::to_string(history_.size()) +
-                " tokens");
+        const std::string what = step.miss->ToString() + "; re-prefilling " +
+                                 std::to_string(history_.size()) + " tokens";
+        if (step.miss->reason == kv::CacheMissReason::kPreempted) {
+          Preempted(what);
+        } else {
+          Recover(what);
+        }
         ++result_.re_prefills;
         need_prefill_ = true;
         continue;
@@ -193,6 +198,18 @@ class GenerationLoop {
                                                std::to_string(options_.max_recoveries) +
                                                " recoveries; last: " + what);
     }
+    if (events_.on_recovery) events_.on_recovery(what);
+  }
+
+  // A hop whose KV budget is full of active sessions took this one's room for
+  // an earlier session: it is full, as busy is. Re-prefilled at once (the hop
+  // makes the prefill wait for room); bounded by busy_retry_s, not a recovery.
+  void Preempted(const std::string& what) {
+    if (std::chrono::steady_clock::now() >= busy_until_) {
+      throw Error(ErrorKind::kResourceExhausted,
+                  "still preempted after " + std::to_string(options_.busy_retry_s) + " s: " + what);
+    }
+    ++result_.preemptions;
     if (events_.on_recovery) events_.on_recovery(what);
   }
 

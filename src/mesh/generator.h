@@ -14,6 +14,10 @@
 //   failovers. The head keeps the token history, so nothing is lost.
 //   * a busy hop (Error kResourceExhausted): wait (backoff with jitter) and
 //     send the step again, for up to busy_retry_s; not a recovery.
+//   * a preempted session (CacheMiss kPreempted: a hop's KV budget is full of
+//     active sessions and an earlier one needed the room): re-prefill at once
+//     (the hop holds the prefill until there is room), for up to busy_retry_s
+//     since the start; not a recovery.
 //   * a hop answering "moved to ADDR" (CacheMiss kMoved, its node drained):
 //     the same step goes to ADDR (RouteProvider::EndpointFor), which holds
 //     the session's verified KV, and the route keeps ADDR for that hop: no
@@ -122,7 +126,8 @@ struct GenerateEvents {
 
 struct GenerateResult {
   std::vector<int32_t> generated_ids;
-  int re_prefills = 0;  // after a CacheMiss
+  int re_prefills = 0;  // after a CacheMiss (preemptions included)
+  int preemptions = 0;  // of them, after a CacheMiss kPreempted
   int failovers = 0;    // after a dead hop
   int64_t final_epoch = 0;
   std::string final_route;

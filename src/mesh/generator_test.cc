@@ -55,7 +55,7 @@ class ToyHop : public ShardEndpoint {
       if (it == state_.end() || forget_next_) {
         forget_next_ = false;
         state_.erase(key);
-        return kv::CacheMiss{req.session_id, req.route_epoch, kv::CacheMissReason::kEvictedLru, ""};
+        return kv::CacheMiss{req.session_id, req.route_epoch, forget_reason_, ""};
       }
       if (!req.expected_seq_len ||
           *req.expected_seq_len != static_cast<int64_t>(it->second.size())) {
@@ -98,6 +98,7 @@ class ToyHop : public ShardEndpoint {
   bool head_, tail_;
   bool dead_ = false;
   bool forget_next_ = false;
+  kv::CacheMissReason forget_reason_ = kv::CacheMissReason::kEvictedLru;
   int steps_ = 0;
   int releases_ = 0;
   std::vector<int64_t> epochs_seen_;
@@ -211,6 +212,30 @@ TEST(Generator, RecoveriesAreBounded) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kUnavailable);
     EXPECT_NE(std::string(e.what()).find("giving up"), std::string::npos);
+  }
+}
+
+// A preempted session (its hop's KV full of earlier active sessions) is
+// re-prefilled as often as it takes, within busy_retry_s: not a recovery.
+TEST(Generator, PreemptionsAreNotRecoveriesButAreBoundedInTime) {
+  ToyProvider p;
+  p.middles[0]->forget_reason_ = kv::CacheMissReason::kPreempted;
+  GenerateEvents ev;
+  ev.on_token = [&](int32_t) { p.middles[0]->forget_next_ = true; };
+  GenerateOptions o = Opts(20);
+  o.max_recoveries = 3;
+  const GenerateResult r = Generate(p, kPrompt, o, ev);
+  EXPECT_EQ(r.generated_ids.size(), 20u);
+  EXPECT_EQ(r.preemptions, 19);  // after every token but the last
+  EXPECT_EQ(r.re_prefills, 19);
+
+  o.busy_retry_s = 0;  // out of time at the first one
+  try {
+    Generate(p, kPrompt, o, ev);
+    FAIL() << "expected busy";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kResourceExhausted);
+    EXPECT_NE(std::string(e.what()).find("preempted"), std::string::npos) << e.what();
   }
 }
 

@@ -138,6 +138,45 @@ TEST_F(MultiSessionTest, MaxInFlightBoundsTheLiveSessions) {
   EXPECT_EQ(LiveSessions(), 0);
 }
 
+// More sessions than the KV budget holds at full length (16 contexts of 3
+// blocks against 36 blocks a shard): with active sessions protected
+// (HotKvStateConfig::active_seconds), room comes from the sessions that
+// arrived last, a new context waits for room instead of evicting one that is
+// generating, and every session still ends with its solo output. Under plain
+// LRU eviction the sessions evicted each other's state round after round and
+// some gave up ("giving up after 8 recoveries").
+TEST(MultiSessionKvPressure, SessionsBeyondTheBudgetAllFinishWithTheirSoloOutput) {
+  ThreadPool pool(2);
+  InProcessMeshOptions mo;
+  mo.split = {{0, 1}, {2, 3}, {4, 4}};
+  mo.kv_config.max_sessions = 64;
+  mo.kv_config.active_seconds = 30;
+  const int64_t block_bytes = InProcessMesh(File(), mo, &pool).manager(0).block_bytes();
+  mo.kv_config.budget_bytes = 36 * block_bytes;
+  InProcessMesh mesh(File(), mo, &pool);
+  const auto prompts = Prompts(16);  // 6-7 tokens each: + 40 generated = 3 blocks of 16
+  const GenerateOptions o = Greedy(40);
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& p : prompts) {
+    FixedRouteProvider provider(mesh.route());
+    solo.push_back(Generate(provider, p, o).generated_ids);
+  }
+  FixedRouteProvider provider(mesh.route());
+  MultiSessionDriver driver(provider, {});
+  const MultiSessionReport r = driver.Run(prompts, o, {});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(r.sessions[i].ok) << i << ": " << r.sessions[i].error;
+    EXPECT_EQ(r.sessions[i].result.generated_ids, solo[i]) << i;
+  }
+  int64_t preempted = 0;
+  for (int i = 0; i < mesh.num_shards(); ++i) {
+    const kv::HotKvStats st = mesh.manager(i).Stats();
+    preempted += st.evictions[static_cast<int>(kv::CacheMissReason::kPreempted)];
+    EXPECT_EQ(st.live_sessions, 0) << "shard " << i;
+  }
+  EXPECT_GT(preempted + mesh.manager(0).Stats().room_waits, 0) << "the budget was never short";
+}
+
 TEST_F(MultiSessionTest, AFailingSessionDoesNotStopTheOthers) {
   auto prompts = Prompts(6);
   const GenerateOptions o = Greedy(16);

@@ -191,6 +191,8 @@ pb::CacheMissReason ToWireReason(kv::CacheMissReason r) {
       return pb::CACHE_MISS_SEQ_LEN_MISMATCH;
     case kv::CacheMissReason::kMoved:
       return pb::CACHE_MISS_MOVED;
+    case kv::CacheMissReason::kPreempted:
+      return pb::CACHE_MISS_PREEMPTED;
   }
   return pb::CACHE_MISS_REASON_UNSPECIFIED;
 }
@@ -211,6 +213,8 @@ kv::CacheMissReason FromWireReason(int wire) {
       return kv::CacheMissReason::kSeqLenMismatch;
     case pb::CACHE_MISS_MOVED:
       return kv::CacheMissReason::kMoved;
+    case pb::CACHE_MISS_PREEMPTED:
+      return kv::CacheMissReason::kPreempted;
     default:
       break;
   }

@@ -92,7 +92,7 @@ void AddKvCounters(std::vector<MetricFamily>& out, const kv::HotKvStats& s) {
 }
 
 void AddStepCounters(std::vector<MetricFamily>& out, const node::NodeCounters& c,
-                     int64_t pinned_waits) {
+                     int64_t pinned_waits, int64_t room_waits) {
   MetricFamily steps =
       Family("meshnet_steps_total", "Steps answered, by result", MetricType::Counter);
   steps.metric.push_back(
@@ -108,6 +108,11 @@ void AddStepCounters(std::vector<MetricFamily>& out, const node::NodeCounters& c
                               MetricType::Counter);
   waits.metric.push_back(Counter(static_cast<double>(pinned_waits)));
   out.push_back(std::move(waits));
+  MetricFamily room = Family("meshnet_step_room_waits_total",
+                             "Waits of new contexts for KV room held by earlier active sessions",
+                             MetricType::Counter);
+  room.metric.push_back(Counter(static_cast<double>(room_waits)));
+  out.push_back(std::move(room));
 
   MetricFamily errors =
       Family("meshnet_step_errors_total", "Failed calls, by error kind", MetricType::Counter);
@@ -213,7 +218,7 @@ std::vector<MetricFamily> NodeMetrics::Collect() const {
   node::NodeCounters& c = core_->counters();
   AddKvGauges(out, s, c, core_->bindings());
   AddKvCounters(out, s);
-  AddStepCounters(out, c, s.pinned_waits);
+  AddStepCounters(out, c, s.pinned_waits, s.room_waits);
   AddLatency(out, c);
   AddMigrationCounters(out, c, core_->draining());
   AddHeapTrimCounters(out);
