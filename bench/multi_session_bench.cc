@@ -31,6 +31,10 @@
 //  * Prefill/<type>/<route>: one --mb_long_prompt-token prompt alone, sent
 //    whole and in --mb_prompt_chunk pieces (pipelined over the hops),
 //    alternately: chunked_speedup is whole over chunked.
+//  * KvPressure/<type>: more sessions than one in-process node's KV budget
+//    holds at full length, with active sessions protected (what generate,
+//    api and serve run) and under plain LRU: tokens/s, failed sessions and
+//    ITL p99 of each, protect_vs_lru_tok (see BM_KvPressure).
 //
 // Flags (before Google Benchmark's own): --mb_types=f32,q8_0,q4_k
 // --mb_sessions=1,4,16,64 --mb_routes=inproc,3node --mb_tokens=16 (routes
@@ -47,7 +51,9 @@
 // --mb_long_prompt=2000 --mb_node_threads=1 --mb_mixed=inproc (the routes of
 // Mixed, e.g. inproc,inproc_nobatch,inproc_chunk32; 0: none)
 // --mb_prefill=3node_depth1 (routes of Prefill; default none) --mb_prompt_chunk=512
-// (Prefill's pieces) --mb_warm=1 (Throughput: one untimed run of the same
+// (Prefill's pieces) --mb_pressure=q8_0 (types of KvPressure; default none)
+// --mb_pressure_sessions=16 --mb_pressure_share=0.75 (its budget over the
+// sessions' full-length KV) --mb_warm=1 (Throughput: one untimed run of the same
 // sessions and tokens before the timed one, its tokens/s kept as
 // cold_tok_per_s; 0 times the first run: one-time costs such as the KV
 // arena's first-touch page faults then fall in it). Each benchmark
@@ -96,7 +102,10 @@ struct BenchFlags {
   std::vector<std::string> mixed = {"inproc"};  // routes of the Mixed benchmark
   std::vector<std::string> prefill;             // routes of the Prefill benchmark
   int64_t prompt_chunk = 512;                   // Prefill's pieces
-  bool warm = true;  // Throughput: an untimed run of the same shape first
+  bool warm = true;                   // Throughput: an untimed run of the same shape first
+  std::vector<std::string> pressure;  // types of the KvPressure benchmark
+  int pressure_sessions = 16;
+  double pressure_share = 0.75;  // the budget over the sessions' full-length KV
 };
 
 BenchFlags& Flags() {
@@ -144,6 +153,12 @@ void ParseFlags(int* argc, char** argv) {
       f.prompt_chunk = std::stoll(v);
     } else if (const char* v = value("mb_warm")) {
       f.warm = std::stoi(v) != 0;
+    } else if (const char* v = value("mb_pressure")) {
+      f.pressure = std::string(v) == "0" ? std::vector<std::string>{} : SplitCsv(v);
+    } else if (const char* v = value("mb_pressure_sessions")) {
+      f.pressure_sessions = std::stoi(v);
+    } else if (const char* v = value("mb_pressure_share")) {
+      f.pressure_share = std::stod(v);
     } else {
       argv[kept++] = argv[i];
     }
@@ -379,6 +394,67 @@ void BM_Throughput(benchmark::State& state, std::string type, std::string kind, 
   // Below ~1.9 in process (2 vCPUs), its 2 compute threads were often not
   // both running (see util/thread_pool.h, Placement).
   state.counters["cpus"] = r.wall_s > 0 ? cpu_s / r.wall_s : 0;
+}
+
+// KvPressure/<type>: --mb_pressure_sessions sessions of --mb_tokens tokens
+// on one in-process node whose KV budget holds --mb_pressure_share of their
+// full-length contexts, with active sessions protected (kv active_seconds
+// 30, what generate/api/serve use) and with the reference's plain LRU
+// (active_seconds 0), alternately, twice each. Counters per policy: tokens/s
+// of the tokens generated (failed sessions' included) and ITL p99 of the
+// faster run, failed sessions of both; protect_vs_lru_tok is the ratio.
+struct PressureRun {
+  double tok_per_s = 0;
+  double failed = 0;
+  double itl_p99 = 0;
+};
+
+PressureRun RunUnderPressure(const std::string& type, double active_seconds) {
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(ModelPath(type)));
+  ThreadPool pool(2);
+  mesh::InProcessMeshOptions mo;  // one node, every layer
+  mo.kv_config.max_sessions = 256;
+  mo.kv_config.active_seconds = active_seconds;
+  const BenchFlags& f = Flags();
+  const int64_t block_bytes = mesh::InProcessMesh(file, mo, &pool).manager(0).block_bytes();
+  const int64_t per_session = (4 + f.tokens + mo.kv_config.block_tokens - 1) /
+                              mo.kv_config.block_tokens;  // 4-token prompts
+  const auto blocks = static_cast<int64_t>(f.pressure_share * f.pressure_sessions * per_session);
+  mo.kv_config.budget_bytes = std::max(blocks, per_session) * block_bytes;
+  mesh::InProcessMesh mesh(file, mo, &pool);
+  mesh::FixedRouteProvider provider(mesh.route());
+  mesh::MultiSessionDriver driver(provider, {});
+  mesh::GenerateOptions o;
+  o.max_tokens = f.tokens;
+  mesh::MultiSessionEvents ev;
+  std::atomic<int64_t> generated{0};
+  ev.on_token = [&](int, int32_t) { ++generated; };
+  const mesh::MultiSessionReport r = driver.Run(Prompts(f.pressure_sessions), o, ev);
+  const std::vector<double> gaps = r.InterTokenGaps();
+  return {r.wall_s > 0 ? static_cast<double>(generated.load()) / r.wall_s : 0,
+          static_cast<double>(r.failed()), mesh::Percentile(gaps, 0.99)};
+}
+
+void BM_KvPressure(benchmark::State& state, std::string type) {
+  PressureRun protect, lru;
+  double protect_failed = 0, lru_failed = 0;
+  for (auto _ : state) {
+    for (int round = 0; round < 2; ++round) {
+      const PressureRun p = RunUnderPressure(type, 30);
+      const PressureRun l = RunUnderPressure(type, 0);
+      protect_failed += p.failed;
+      lru_failed += l.failed;
+      if (round == 0 || p.tok_per_s > protect.tok_per_s) protect = p;
+      if (round == 0 || l.tok_per_s > lru.tok_per_s) lru = l;
+    }
+  }
+  state.counters["protect_tok_per_s"] = protect.tok_per_s;
+  state.counters["lru_tok_per_s"] = lru.tok_per_s;
+  state.counters["protect_failed"] = protect_failed;
+  state.counters["lru_failed"] = lru_failed;
+  state.counters["protect_itl_p99_ms"] = protect.itl_p99 * 1e3;
+  state.counters["lru_itl_p99_ms"] = lru.itl_p99 * 1e3;
+  state.counters["protect_vs_lru_tok"] = lru.tok_per_s > 0 ? protect.tok_per_s / lru.tok_per_s : 0;
 }
 
 void BM_Ratios(benchmark::State& state, std::string type) {
@@ -620,6 +696,12 @@ void Register() {
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  for (const std::string& type : f.pressure) {
+    benchmark::RegisterBenchmark(("KvPressure/" + type).c_str(),
+                                 [=](benchmark::State& s) { BM_KvPressure(s, type); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
   }
 }
 
