@@ -211,8 +211,9 @@ CacheMiss NoRoomLocked(ManagerState& m, SessionEntry* e, int64_t extra) REQUIRES
 }
 
 // The shared check sequence of Append and BeginStep (mu held): stale, TTL,
-// live lookup, busy, expected_seq_len, shape (Append), budget with LRU
-// eviction of others, reserve, refresh. Returns a CacheMiss value on a miss.
+// live lookup, busy, expected_seq_len, shape (Append), budget with eviction
+// of others (LRU, or MakeRoomLocked's protecting order), reserve, refresh.
+// Returns a CacheMiss value on a miss (this session's own preemption too).
 std::variant<Begun, CacheMiss> BeginLocked(ManagerState& m, std::string_view id, int64_t epoch,
                                            std::optional<int64_t> expected,
                                            const std::span<const LayerKv>* kv, int64_t n_new)
