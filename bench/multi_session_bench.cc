@@ -409,19 +409,27 @@ struct PressureRun {
   double itl_p99 = 0;
 };
 
-PressureRun RunUnderPressure(const std::string& type, double active_seconds) {
-  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(ModelPath(type)));
-  ThreadPool pool(2);
-  mesh::InProcessMeshOptions mo;  // one node, every layer
+// The node's options: one node of every layer, with a KV budget of
+// --mb_pressure_share of the sessions' full-length contexts (at least one).
+mesh::InProcessMeshOptions PressureOptions(const std::shared_ptr<const gguf::GgufFile>& file,
+                                           ThreadPool* pool) {
+  mesh::InProcessMeshOptions mo;
   mo.kv_config.max_sessions = 256;
-  mo.kv_config.active_seconds = active_seconds;
   const BenchFlags& f = Flags();
-  const int64_t block_bytes = mesh::InProcessMesh(file, mo, &pool).manager(0).block_bytes();
+  const int64_t block_bytes = mesh::InProcessMesh(file, mo, pool).manager(0).block_bytes();
   const int64_t per_session = (4 + f.tokens + mo.kv_config.block_tokens - 1) /
                               mo.kv_config.block_tokens;  // 4-token prompts
   const auto blocks = static_cast<int64_t>(f.pressure_share * f.pressure_sessions * per_session);
   mo.kv_config.budget_bytes = std::max(blocks, per_session) * block_bytes;
-  mesh::InProcessMesh mesh(file, mo, &pool);
+  return mo;
+}
+
+PressureRun RunUnderPressure(const std::shared_ptr<const gguf::GgufFile>& file,
+                             mesh::InProcessMeshOptions mo, ThreadPool* pool,
+                             double active_seconds) {
+  const BenchFlags& f = Flags();
+  mo.kv_config.active_seconds = active_seconds;
+  mesh::InProcessMesh mesh(file, mo, pool);
   mesh::FixedRouteProvider provider(mesh.route());
   mesh::MultiSessionDriver driver(provider, {});
   mesh::GenerateOptions o;
@@ -436,12 +444,15 @@ PressureRun RunUnderPressure(const std::string& type, double active_seconds) {
 }
 
 void BM_KvPressure(benchmark::State& state, std::string type) {
+  auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(ModelPath(type)));
+  ThreadPool pool(2);
+  const mesh::InProcessMeshOptions mo = PressureOptions(file, &pool);
   PressureRun protect, lru;
   double protect_failed = 0, lru_failed = 0;
   for (auto _ : state) {
     for (int round = 0; round < 2; ++round) {
-      const PressureRun p = RunUnderPressure(type, 30);
-      const PressureRun l = RunUnderPressure(type, 0);
+      const PressureRun p = RunUnderPressure(file, mo, &pool, 30);
+      const PressureRun l = RunUnderPressure(file, mo, &pool, 0);
       protect_failed += p.failed;
       lru_failed += l.failed;
       if (round == 0 || p.tok_per_s > protect.tok_per_s) protect = p;
