@@ -23,4 +23,11 @@ inline bool SecretMatches(std::string_view presented, std::string_view digest) {
   return DigestEquals(SecretDigest(presented), digest);
 }
 
+// HMAC-SHA256 of `message` under `key`, 32 raw bytes: proves knowledge of a
+// secret (keyed by its digest) without sending it.
+std::string HmacSha256(std::string_view key, std::string_view message);
+
+// 16 random bytes from the OS CSPRNG (OpenSSL RAND_bytes), raw.
+std::string RandomBytes16();
+
 }  // namespace meshnet

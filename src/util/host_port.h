@@ -1,0 +1,30 @@
+// Canonical "host:port" spellings, so that one listener has one name.
+//
+// A node is named by the address it announces and signs (registry records,
+// drain targets, challenge answers); two spellings of one socket must not pass
+// for two nodes. CanonicalHostPort accepts
+//   * an IPv4 literal in dotted decimal ("127.0.0.1:7001"), printed back by
+//     inet_ntop;
+//   * an IPv6 literal in brackets ("[::1]:7001"), printed back by inet_ntop in
+//     its compressed lowercase form; an IPv4-mapped one ("[::ffff:127.0.0.1]")
+//     becomes its IPv4 address;
+//   * a DNS name of letters, digits, '-' and '.' (lowercased: "LOCALHOST" is
+//     "localhost"); a name is not resolved, so "localhost:P" and
+//     "127.0.0.1:P" stay two names, and a check that a node answers to the
+//     name it was reached by tells them apart;
+// with a decimal port 1..65535 (leading zeros dropped). Refused
+// (Error(kInvalidArgument), naming why): no port, port 0, the unspecified
+// addresses 0.0.0.0 and [::] (a socket bound there is reached by another
+// name), gRPC target URIs ("ipv4:...", "dns:///..."), anything else.
+//
+// Thread-safety: pure function.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace meshnet {
+
+std::string CanonicalHostPort(std::string_view address);
+
+}  // namespace meshnet
