@@ -184,7 +184,8 @@ void BM_MigrateSession(benchmark::State& state) {
     getrusage(RUSAGE_SELF, &ru0);
     const auto t0 = std::chrono::steady_clock::now();
     auto exp = pair.core->BeginExport(id, &kSecret);
-    bytes = rpc::PushSession(*exp, pair.server->bound_address(), co);
+    bytes =
+        rpc::PushSession(*exp, {pair.server->bound_address(), ""}, pair.core->node().Info(), co);
     mig_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.PauseTiming();
     mig_cpu += bench::SelfCpuSeconds() - c1;

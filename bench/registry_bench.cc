@@ -15,8 +15,10 @@
 
 namespace {
 
+using meshnet::SigningKey;
 using meshnet::registry::MemoryRegistry;
 using meshnet::registry::NodeRecord;
+using meshnet::registry::SignRecord;
 
 NodeRecord Rec(const std::string& address, const std::string& model, int a, int b) {
   NodeRecord r;
@@ -28,6 +30,7 @@ NodeRecord Rec(const std::string& address, const std::string& model, int a, int 
   r.kv_budget_bytes = 1 << 20;
   r.kv_bytes_free = 1 << 19;
   r.sessions_free = 8;
+  SignRecord(SigningKey::Generate(), &r);  // the registry takes signed records only
   return r;
 }
 

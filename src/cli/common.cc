@@ -43,4 +43,10 @@ std::string AuthTokenOrEnv(const std::string& flag) {
   return env != nullptr ? env : "";
 }
 
+std::string AdminTokenOrEnv(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("MESHNET_ADMIN_TOKEN");
+  return env != nullptr ? env : "";
+}
+
 }  // namespace meshnet::cli

@@ -21,5 +21,7 @@ KvDtype ParseKvDtypeFlag(const std::string& s);
 
 // --auth-token, or $MESHNET_AUTH_TOKEN when the flag is not given.
 std::string AuthTokenOrEnv(const std::string& flag);
+// --admin-token, else $MESHNET_ADMIN_TOKEN, else "".
+std::string AdminTokenOrEnv(const std::string& flag);
 
 }  // namespace meshnet::cli

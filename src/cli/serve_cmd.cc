@@ -65,6 +65,8 @@ struct ServeFlags {
   ServeRegistryFlags registry;
   int64_t max_new_sessions_per_minute = 3000;
   int kv_transfer_port = 0;
+  std::string admin_token;  // Drain/Undrain (default: $MESHNET_ADMIN_TOKEN)
+  std::string node_key;     // PEM file of the node's Ed25519 key
 };
 
 // One block of `block_tokens` positions must fit the byte budget, or every
@@ -117,6 +119,8 @@ rpc::NodeServerOptions ServerOptionsFrom(const ServeFlags& f) {
   o.max_calls_per_peer = f.max_calls_per_peer;
   o.max_new_sessions_per_minute = f.max_new_sessions_per_minute;
   o.kv_transfer_port = f.kv_transfer_port;
+  o.admin_token = AdminTokenOrEnv(f.admin_token);
+  o.node_key_file = f.node_key;
   o.admission.max_wait_s = f.admission_wait_s;
   o.admission.max_waiting = f.admission_queue;
   o.admission.active_window_s = f.active_window_s;
@@ -224,6 +228,14 @@ void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
       ->capture_default_str();
   sub->add_flag("--insecure", f->insecure,
                 "Allow a non-loopback --listen without --auth-token or --tls-ca");
+  sub->add_option("--admin-token", f->admin_token,
+                  "Operator token for `meshnet admin drain/undrain` (default: "
+                  "$MESHNET_ADMIN_TOKEN; must differ from the cluster token; none: admin calls "
+                  "are refused)");
+  sub->add_option("--node-key", f->node_key,
+                  "PEM file of this node's Ed25519 key, created on first use (mode 0600); it "
+                  "signs the node's registry record and proves its identity to the registry "
+                  "and to draining peers (default: a fresh key per start)");
   sub->add_option("--max-message-bytes", f->max_message_bytes,
                   "Largest gRPC message (0 = a full-context step of this shard + 1 MiB)")
       ->capture_default_str()
@@ -253,7 +265,8 @@ void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
                   "On SIGINT/SIGTERM, hand live sessions (their verified KV) to these "
                   "replicas of the same layer range (host:port,...) within --grace, "
                   "instead of letting them re-prefill elsewhere (default with --registry: "
-                  "the registry's replicas of this range with room)");
+                  "the registry's replicas of this range with room); each must first prove "
+                  "it is a node of this range (and, with a token, of this cluster)");
   AddServeRegistryFlags(sub, &f->registry);
   sub->add_option("--max-new-sessions-per-minute", f->max_new_sessions_per_minute,
                   "Sessions one client (address, or client certificate) may open per "

@@ -23,11 +23,11 @@ rpc::ClientOptions DrainPeerOptions(const rpc::NodeServerOptions& server) {
 
 rpc::ReplicaFinder RegistryReplicas(std::shared_ptr<ServeRegistry> registry) {
   return [registry = std::move(registry)](const node::ShardInfo&, int64_t bytes) {
-    std::vector<std::string> out;
+    std::vector<rpc::DrainTarget> out;
     try {
       for (const auto& r :
            registry::FindReplicas(registry->registry(), registry->record(), bytes)) {
-        out.push_back(r.address);
+        out.push_back({r.address, r.public_key});  // the key its signed record names
       }
     } catch (const Error& e) {
       spdlog::warn("event=replicas_unknown message=\"{}\"", e.what());
@@ -38,7 +38,8 @@ rpc::ReplicaFinder RegistryReplicas(std::shared_ptr<ServeRegistry> registry) {
 
 void InstallDrainHooks(rpc::NodeServer& server, const std::shared_ptr<ServeRegistry>& registry) {
   if (!registry) return;
-  server.SetDrainHooks(RegistryReplicas(registry), [registry] { registry->SetDraining(true); });
+  server.SetDrainHooks(RegistryReplicas(registry),
+                       [registry](bool draining) { registry->SetDraining(draining); });
 }
 
 void StopServing(rpc::NodeServer& server, const std::vector<std::string>& drain_to,

@@ -18,11 +18,13 @@ rpc::ClientOptions DrainPeerOptions(const rpc::NodeServerOptions& server);
 
 // Replicas of this node's range (same model and KV recipe) that the registry
 // lists as live, not draining, with a free session slot and the session's KV
-// bytes free, most free KV first. An unreachable registry names none.
+// bytes free, most free KV first, each with the key of its signed record
+// (the push checks it: rpc/migrate.h). An unreachable registry names none.
 rpc::ReplicaFinder RegistryReplicas(std::shared_ptr<ServeRegistry> registry);
 
 // With a registry: `meshnet admin drain` without targets drains to
-// RegistryReplicas and marks this node draining in the registry first.
+// RegistryReplicas and marks this node draining in the registry first;
+// `meshnet admin undrain` clears the mark.
 void InstallDrainHooks(rpc::NodeServer& server, const std::shared_ptr<ServeRegistry>& registry);
 
 // On SIGINT/SIGTERM. Without `drain_to` or a registry: withdraw from the

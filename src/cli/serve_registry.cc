@@ -23,16 +23,12 @@ class Running final : public ServeRegistry {
     if (page) page->Stop();
     if (server) server->Shutdown();
   }
-  // At once in the registry (so a drain is visible before it moves anything),
-  // and in every later heartbeat.
+  // At once in the registry (a heartbeat now, waited for: a drain is visible
+  // before it moves anything), and in every later heartbeat.
   void SetDraining(bool draining) override {
-    try {
-      client->SetDraining(node->bound_address(), draining);
-    } catch (const Error& e) {  // unreachable now: the announcer's beat retries
-      spdlog::warn("event=set_draining_failed registry={} message=\"{}\"", client->name(),
-                   e.what());
+    if (!announcer->SetDraining(draining)) {  // unreachable now: the next beat retries
+      spdlog::warn("event=set_draining_failed registry={} draining={}", client->name(), draining);
     }
-    announcer->SetDraining(draining);
   }
   registry::Registry& registry() override { return *client; }
   registry::NodeRecord record() const override { return rpc::NodeRecordOf(*node); }
@@ -59,7 +55,7 @@ void AddServeRegistryFlags(CLI::App* sub, ServeRegistryFlags* f) {
                   "/metrics (printed as 'registry page on HOST:PORT')");
   sub->add_option("--lease-ttl", f->lease_ttl_s,
                   "Seconds the registry keeps this node without a heartbeat (renewed every "
-                  "third of it)")
+                  "third of it; registries grant at most 60)")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 3600.0));
 }
@@ -103,7 +99,8 @@ std::unique_ptr<ServeRegistry> StartServeRegistry(const ServeRegistryFlags& f,
   const rpc::NodeServer* node = &server;
   r->node = node;
   r->announcer = std::make_unique<registry::Announcer>(
-      r->client.get(), [node] { return rpc::NodeRecordOf(*node); }, f.lease_ttl_s);
+      r->client.get(), [node](bool draining) { return rpc::NodeRecordOf(*node, draining); },
+      f.lease_ttl_s);
   r->announcer->Start();
   std::fflush(stdout);
   return r;

@@ -157,6 +157,9 @@ class NodeCore {
   int64_t CommitImport(SessionImporter& importer);
   // From now on new sessions (prefills) get Error(kUnavailable, "draining").
   void StartDraining();
+  // New sessions are taken again (sessions already moved or ended stay so);
+  // whether the node was draining.
+  bool StopDraining() { return draining_.exchange(false); }
   bool draining() const { return draining_.load(); }
   // Sessions bound here with state that is neither moved nor ended.
   std::vector<std::string> MovableSessions() EXCLUDES(mu_);

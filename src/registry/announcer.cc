@@ -8,7 +8,7 @@
 
 namespace meshnet::registry {
 
-Announcer::Announcer(Registry* registry, std::function<NodeRecord()> describe, double ttl_s)
+Announcer::Announcer(Registry* registry, std::function<NodeRecord(bool)> describe, double ttl_s)
     : registry_(registry), describe_(std::move(describe)), ttl_s_(ttl_s) {
   if (!(ttl_s > 0 && ttl_s <= 86400)) ThrowInvalidArgument("--lease-ttl must be in (0, 86400]");
 }
@@ -29,11 +29,19 @@ void Announcer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Announcer::SetDraining(bool draining) {
+bool Announcer::SetDraining(bool draining, double wait_s) {
   MutexLock lock(&mu_);
   draining_ = draining;
   beat_now_ = true;
+  const int64_t wanted = beats_started_ + 1;  // the next beat reads the new flag
   wake_.SignalAll();
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(wait_s));
+  while (!stop_ && beats_done_ < wanted && std::chrono::steady_clock::now() < until) {
+    wake_.WaitUntil(until);
+  }
+  return beats_done_ >= wanted && registered_;
 }
 
 int64_t Announcer::announcements() const {
@@ -46,19 +54,19 @@ bool Announcer::registered() const {
   return registered_;
 }
 
-bool Announcer::Beat(LeaseId& lease) {
-  NodeRecord r = describe_();
-  {
-    MutexLock lock(&mu_);
-    r.draining = r.draining || draining_;
-  }
+bool Announcer::Beat(Lease& lease, bool draining) {
+  const NodeRecord r = describe_(draining);
   try {
-    if (lease != 0 && registry_->Renew(lease, r)) return true;
-    if (lease != 0) spdlog::warn("event=lease_lost registry={} lease={}", registry_->name(), lease);
+    if (lease.id != 0 && registry_->Renew(lease, r)) return true;
+    if (lease.id != 0) {
+      spdlog::warn("event=lease_lost registry={} lease={}", registry_->name(), lease.id);
+    }
     lease = registry_->Announce(r, ttl_s_);
     MutexLock lock(&mu_);
     ++announcements_;
-    spdlog::info("event=announced registry={} lease={} ttl_s={}", registry_->name(), lease, ttl_s_);
+    period_s_ = lease.ttl_s / 3;
+    spdlog::info("event=announced registry={} lease={} ttl_s={}", registry_->name(), lease.id,
+                 lease.ttl_s);
     return true;
   } catch (const Error& e) {
     spdlog::warn("event=registry_unreachable registry={} kind={} message=\"{}\"", registry_->name(),
@@ -68,19 +76,29 @@ bool Announcer::Beat(LeaseId& lease) {
 }
 
 void Announcer::Run() {
-  LeaseId lease = 0;
-  const auto period = std::chrono::duration<double>(ttl_s_ / 3);
+  Lease lease;
   while (true) {
-    const bool ok = Beat(lease);
+    bool draining = false;
+    int64_t beat = 0;
+    {
+      MutexLock lock(&mu_);
+      draining = draining_;
+      beat = ++beats_started_;
+    }
+    const bool ok = Beat(lease, draining);
     MutexLock lock(&mu_);
     registered_ = ok;
+    beats_done_ = beat;
+    wake_.SignalAll();
+    const double period = period_s_ > 0 ? period_s_ : ttl_s_ / 3;
     const auto next = std::chrono::steady_clock::now() +
-                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(period);
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(period));
     while (!stop_ && !beat_now_ && std::chrono::steady_clock::now() < next) wake_.WaitUntil(next);
     beat_now_ = false;
     if (stop_) break;
   }
-  if (lease == 0) return;
+  if (lease.id == 0) return;
   try {
     registry_->Withdraw(lease);
   } catch (const Error& e) {

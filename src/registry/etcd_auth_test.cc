@@ -48,7 +48,7 @@ TEST_F(EtcdAuthTest, BadPasswordOrNoUserIsPermissionDenied) {
 TEST_F(EtcdAuthTest, AForgottenTokenIsRenewed) {
   EtcdRegistry r(Address(), 5.0, User("root-secret"));
   const NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
-  const LeaseId lease = r.Announce(n, 30);
+  const Lease lease = r.Announce(n, 30);
   server_.Restart();  // etcd's simple tokens live in memory: the held one is gone
   ASSERT_NO_FATAL_FAILURE(RenewAcrossRestart(r, lease, n));  // never kPermissionDenied
   EXPECT_EQ(r.List("m").nodes.size(), 1u);

@@ -313,25 +313,44 @@ void EtcdRegistry::Put(const std::string& key, const NodeRecord& r, LeaseId leas
        {{"key", B64(key)}, {"value", B64(ToJson(r).dump())}, {"lease", std::to_string(lease)}});
 }
 
-LeaseId EtcdRegistry::Announce(const NodeRecord& record, double ttl_s) {
+Lease EtcdRegistry::Announce(const NodeRecord& record, double ttl_s) {
   record.Validate();
   if (!std::isfinite(ttl_s) || ttl_s <= 0 || ttl_s > 86400) {
     ThrowInvalidArgument("lease TTL must be in (0, 86400] seconds");
   }
+  RequireSignedRecord(record);
   const std::string key = Key(record);
   const nlohmann::json old = Call("/v3/kv/range", {{"key", B64(key)}});
-  const auto ttl = static_cast<int64_t>(std::ceil(ttl_s));
+  const auto ttl = static_cast<int64_t>(std::ceil(std::min(ttl_s, kMaxLeaseTtlS)));
   const LeaseId lease = Int(Call("/v3/lease/grant", {{"TTL", ttl}}), "ID");
   Put(key, record, lease);
   for (const auto& kv : old.value("kvs", nlohmann::json::array())) {
     const int64_t prev = Int(kv, "lease");
-    if (prev != 0 && prev != lease) Withdraw(prev);  // the key now has the new lease
+    if (prev != 0 && prev != lease) Revoke(prev);  // the key now has the new lease
   }
-  return lease;
+  // One record per node key: the same node announced under another address
+  // before (its older records go with their leases).
+  const std::string model_prefix = address_.prefix + "/nodes/" + record.model_id + "/";
+  const nlohmann::json same_model = Call(
+      "/v3/kv/range", {{"key", B64(model_prefix)}, {"range_end", B64(RangeEnd(model_prefix))}});
+  for (const auto& kv : same_model.value("kvs", nlohmann::json::array())) {
+    try {
+      const NodeRecord r = RecordFromJson(nlohmann::json::parse(UnB64(kv.value("value", ""))));
+      const int64_t prev = Int(kv, "lease");
+      if (r.public_key == record.public_key && r.address != record.address && prev != 0) {
+        Revoke(prev);
+      }
+    } catch (const std::exception&) {
+      // not a record of ours
+    }
+  }
+  return Lease{lease, "", static_cast<double>(ttl)};
 }
 
-bool EtcdRegistry::Renew(LeaseId lease, const NodeRecord& record) {
+bool EtcdRegistry::Renew(const Lease& held_lease, const NodeRecord& record) {
+  const LeaseId lease = held_lease.id;
   record.Validate();
+  RequireSignedRecord(record);
   const nlohmann::json live =
       Call("/v3/lease/timetolive", {{"ID", std::to_string(lease)}, {"keys", true}});
   if (Int(live, "TTL") <= 0) return false;
@@ -352,13 +371,13 @@ bool EtcdRegistry::Renew(LeaseId lease, const NodeRecord& record) {
   }
   const nlohmann::json ka = Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
   if (Int(ka.value("result", nlohmann::json::object()), "TTL") <= 0) return false;
-  NodeRecord next = record;
-  next.draining = record.draining || prev.draining;  // sticky until SetDraining(false)
-  Put(key, next, lease);
+  Put(key, record, lease);
   return true;
 }
 
-void EtcdRegistry::Withdraw(LeaseId lease) {
+void EtcdRegistry::Withdraw(const Lease& lease) { Revoke(lease.id); }
+
+void EtcdRegistry::Revoke(LeaseId lease) const {
   // The gateway sends an error answer (here: "lease not found") chunked with
   // HTTP trailers, which cpp-httplib 0.11 reads as a broken response: ask
   // whether the lease lives before revoking it.
@@ -375,32 +394,18 @@ Snapshot EtcdRegistry::List(const std::string& model_id) {
   s.revision = Int(j.value("header", nlohmann::json::object()), "revision");
   for (const auto& kv : j.value("kvs", nlohmann::json::array())) {
     try {
-      s.nodes.push_back(RecordFromJson(nlohmann::json::parse(UnB64(kv.value("value", "")))));
+      NodeRecord r = RecordFromJson(nlohmann::json::parse(UnB64(kv.value("value", ""))));
+      // Signed by its node key, under its own key: anything else was not
+      // written by the node it names (etcd lets every writer write anything).
+      if (RecordSignatureValid(r) && UnB64(kv.value("key", "")) == Key(r)) {
+        s.nodes.push_back(std::move(r));
+      }
     } catch (const std::exception&) {
       // A foreign or corrupt value under our prefix: not a node.
     }
   }
   SortRecords(s.nodes);
   return s;
-}
-
-bool EtcdRegistry::SetDraining(const std::string& address, bool draining) {
-  const std::string prefix = address_.prefix + "/nodes/";
-  const nlohmann::json j =
-      Call("/v3/kv/range", {{"key", B64(prefix)}, {"range_end", B64(RangeEnd(prefix))}});
-  for (const auto& kv : j.value("kvs", nlohmann::json::array())) {
-    NodeRecord r;
-    try {
-      r = RecordFromJson(nlohmann::json::parse(UnB64(kv.value("value", ""))));
-    } catch (const std::exception&) {
-      continue;
-    }
-    if (r.address != address) continue;
-    r.draining = draining;
-    Put(UnB64(kv.value("key", "")), r, Int(kv, "lease"));
-    return true;
-  }
-  return false;
 }
 
 int64_t EtcdRegistry::WaitForChange(int64_t since, double timeout_s) {

@@ -79,12 +79,14 @@ class EtcdRegistry final : public Registry {
   explicit EtcdRegistry(EtcdAddress address, double timeout_s = 5.0, EtcdSecurity security = {});
 
   std::string name() const override;
-  LeaseId Announce(const NodeRecord& record, double ttl_s) override;
-  bool Renew(LeaseId lease, const NodeRecord& record) override;
-  void Withdraw(LeaseId lease) override;
+  // Leases are etcd's (no secret: etcd's own auth decides who may write).
+  Lease Announce(const NodeRecord& record, double ttl_s) override;
+  bool Renew(const Lease& lease, const NodeRecord& record) override;
+  void Withdraw(const Lease& lease) override;
+  // Only records signed by the node key they carry, stored under their own
+  // key: a record any other etcd writer made or changed is left out.
   Snapshot List(const std::string& model_id = "") override;
   int64_t WaitForChange(int64_t since, double timeout_s) override;
-  bool SetDraining(const std::string& address, bool draining) override;
 
  private:
   // POSTs `body` to the gateway with the auth token; the answer's JSON.
@@ -103,6 +105,7 @@ class EtcdRegistry final : public Registry {
   Error Failure(const std::string& path, httplib::Error err, const httplib::ClientImpl& cli) const;
   std::string Key(const NodeRecord& r) const;
   void Put(const std::string& key, const NodeRecord& r, LeaseId lease) const;
+  void Revoke(LeaseId lease) const;
 
   EtcdAddress address_;
   double timeout_s_;

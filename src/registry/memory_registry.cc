@@ -1,9 +1,10 @@
 #include "registry/memory_registry.h"
 
 #include <cmath>
-#include <random>
+#include <cstring>
 
 #include "util/error.h"
+#include "util/secret.h"
 
 namespace meshnet::registry {
 
@@ -14,20 +15,38 @@ std::chrono::steady_clock::duration Seconds(double s) {
       std::chrono::duration<double>(s));
 }
 
-void CheckTtl(double ttl_s) {
+double GrantedTtl(double ttl_s) {
   if (!std::isfinite(ttl_s) || ttl_s <= 0 || ttl_s > 86400) {
     ThrowInvalidArgument("lease TTL must be in (0, 86400] seconds");
+  }
+  return std::min(ttl_s, kMaxLeaseTtlS);
+}
+
+// 63 random bits (never 0): a lease id says nothing about its neighbours.
+LeaseId RandomLeaseId() {
+  const std::string b = RandomBytes16();
+  uint64_t v = 0;
+  std::memcpy(&v, b.data(), sizeof v);
+  v &= 0x7fffffffffffffffULL;
+  return v == 0 ? 1 : static_cast<LeaseId>(v);
+}
+
+// Signed within kMaxRecordAgeMs of now (either way): an old copy is refused.
+void RequireFresh(const NodeRecord& r) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  if (r.signed_at_ms < now - kMaxRecordAgeMs || r.signed_at_ms > now + kMaxRecordAgeMs) {
+    throw Error(ErrorKind::kPermissionDenied,
+                "announcement of " + r.address + " refused: signed " +
+                    std::to_string((now - r.signed_at_ms) / 1000) +
+                    " s from the registry's clock (stale copy, or clocks apart)");
   }
 }
 
 }  // namespace
 
-MemoryRegistry::MemoryRegistry(Verifier verify) : verify_(std::move(verify)) {
-  MutexLock lock(&mu_);
-  // Lease ids are not secrets (the cluster token guards the service), but a
-  // random start keeps a restarted registry from honouring old ids.
-  next_lease_ = static_cast<LeaseId>(std::random_device{}() & 0x7fffffff) << 20 | 1;
-}
+MemoryRegistry::MemoryRegistry(Verifier verify) : verify_(std::move(verify)) {}
 
 MemoryRegistry::~MemoryRegistry() = default;
 
@@ -39,7 +58,7 @@ void MemoryRegistry::BumpLocked() {
 void MemoryRegistry::DropLocked(LeaseId id) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return;
-  Lease& l = it->second;
+  Held& l = it->second;
   expiry_.erase(l.expiry);
   auto m = by_model_.find(l.model_id);
   if (m != by_model_.end()) {
@@ -48,6 +67,8 @@ void MemoryRegistry::DropLocked(LeaseId id) {
   }
   auto a = lease_of_address_.find(l.address);
   if (a != lease_of_address_.end() && a->second == id) lease_of_address_.erase(a);
+  auto k = lease_of_key_.find(l.public_key);
+  if (k != lease_of_key_.end() && k->second == id) lease_of_key_.erase(k);
   leases_.erase(it);
   BumpLocked();
 }
@@ -65,52 +86,88 @@ NodeRecord* MemoryRegistry::FindRecordLocked(const std::string& model_id,
   return r == m->second.end() ? nullptr : &r->second;
 }
 
-LeaseId MemoryRegistry::Announce(const NodeRecord& record, double ttl_s) {
-  record.Validate();
-  CheckTtl(ttl_s);
-  if (verify_) verify_(record);  // outside the lock: it may call the node
-  MutexLock lock(&mu_);
-  ExpireLocked();
-  auto old = lease_of_address_.find(record.address);
-  if (old != lease_of_address_.end()) DropLocked(old->second);
-  const LeaseId id = next_lease_++;
-  Lease& l = leases_[id];
-  l.ttl_s = ttl_s;
-  l.address = record.address;
-  l.model_id = record.model_id;
-  l.expiry = expiry_.emplace(std::chrono::steady_clock::now() + Seconds(ttl_s), id);
-  by_model_[record.model_id][record.address] = record;
-  lease_of_address_[record.address] = id;
-  BumpLocked();
-  return id;
+MemoryRegistry::Held* MemoryRegistry::OwnedLocked(const Lease& lease) {
+  auto it = leases_.find(lease.id);
+  if (it == leases_.end()) return nullptr;
+  if (!SecretMatches(lease.secret, it->second.secret_digest)) {
+    throw Error(ErrorKind::kPermissionDenied,
+                "lease " + std::to_string(lease.id) + ": wrong lease secret");
+  }
+  return &it->second;
 }
 
-bool MemoryRegistry::Renew(LeaseId lease, const NodeRecord& record) {
+Lease MemoryRegistry::Announce(const NodeRecord& record, double ttl_s) {
   record.Validate();
+  const double ttl = GrantedTtl(ttl_s);
+  RequireSignedRecord(record);
+  RequireFresh(record);
+  const NodeRecord stored =
+      verify_ ? verify_(record) : record;  // outside the lock: it may call the node
+  Lease out{RandomLeaseId(), RandomBytes16(), ttl};
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto it = leases_.find(lease);
-  if (it == leases_.end()) return false;
-  Lease& l = it->second;
-  NodeRecord* held = FindRecordLocked(l.model_id, l.address);
+  while (leases_.count(out.id) != 0) out.id = RandomLeaseId();
+  // A copy of a record listed earlier (anyone may List) must not displace its
+  // node's lease: an announcement is newer than the record it replaces.
+  if (auto k = lease_of_key_.find(record.public_key); k != lease_of_key_.end()) {
+    const Held& h = leases_.at(k->second);
+    const NodeRecord* held = FindRecordLocked(h.model_id, h.address);
+    if (held != nullptr && held->signed_at_ms >= record.signed_at_ms) {
+      throw Error(ErrorKind::kPermissionDenied,
+                  "announcement of " + record.address +
+                      " refused: not newer than the record it would replace (a replay)");
+    }
+  }
+  // One record per address and one per node key (an instance announcing
+  // again, or a restarted node on its old address, replaces its record).
+  if (auto a = lease_of_address_.find(record.address); a != lease_of_address_.end()) {
+    DropLocked(a->second);
+  }
+  if (auto k = lease_of_key_.find(record.public_key); k != lease_of_key_.end()) {
+    DropLocked(k->second);
+  }
+  Held& l = leases_[out.id];
+  l.ttl_s = ttl;
+  l.secret_digest = SecretDigest(out.secret);
+  l.address = record.address;
+  l.model_id = record.model_id;
+  l.public_key = record.public_key;
+  l.expiry = expiry_.emplace(std::chrono::steady_clock::now() + Seconds(ttl), out.id);
+  by_model_[record.model_id][record.address] = stored;
+  lease_of_address_[record.address] = out.id;
+  lease_of_key_[record.public_key] = out.id;
+  BumpLocked();
+  return out;
+}
+
+bool MemoryRegistry::Renew(const Lease& lease, const NodeRecord& record) {
+  record.Validate();
+  RequireSignedRecord(record);
+  MutexLock lock(&mu_);
+  ExpireLocked();
+  Held* l = OwnedLocked(lease);
+  if (l == nullptr) return false;
+  NodeRecord* held = FindRecordLocked(l->model_id, l->address);
   if (held == nullptr) return false;
   if (!held->SameIdentity(record)) {
     throw Error(ErrorKind::kPermissionDenied,
-                "lease " + std::to_string(lease) + " holds " + held->address +
+                "lease " + std::to_string(lease.id) + " holds " + held->address +
                     "'s announcement; a renewal may not change what the node serves");
   }
-  expiry_.erase(l.expiry);
-  l.expiry = expiry_.emplace(std::chrono::steady_clock::now() + Seconds(l.ttl_s), lease);
-  const bool was_draining = held->draining;
+  if (record.signed_at_ms < held->signed_at_ms) {
+    throw Error(ErrorKind::kPermissionDenied,
+                "renewal of " + record.address + " refused: older than the held record");
+  }
+  expiry_.erase(l->expiry);
+  l->expiry = expiry_.emplace(std::chrono::steady_clock::now() + Seconds(l->ttl_s), lease.id);
   *held = record;
-  held->draining = record.draining || was_draining;  // sticky until SetDraining(false)
   BumpLocked();
   return true;
 }
 
-void MemoryRegistry::Withdraw(LeaseId lease) {
+void MemoryRegistry::Withdraw(const Lease& lease) {
   MutexLock lock(&mu_);
-  DropLocked(lease);
+  if (OwnedLocked(lease) != nullptr) DropLocked(lease.id);
 }
 
 Snapshot MemoryRegistry::List(const std::string& model_id) {
@@ -142,18 +199,6 @@ int64_t MemoryRegistry::WaitForChange(int64_t since, double timeout_s) {
     if (std::chrono::steady_clock::now() >= deadline) return revision_;
     changed_.WaitUntil(wake);
   }
-}
-
-bool MemoryRegistry::SetDraining(const std::string& address, bool draining) {
-  MutexLock lock(&mu_);
-  ExpireLocked();
-  auto a = lease_of_address_.find(address);
-  if (a == lease_of_address_.end()) return false;
-  NodeRecord* r = FindRecordLocked(leases_.at(a->second).model_id, address);
-  if (r == nullptr) return false;
-  r->draining = draining;
-  BumpLocked();
-  return true;
 }
 
 }  // namespace meshnet::registry

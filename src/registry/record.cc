@@ -1,22 +1,33 @@
 #include "registry/record.h"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 
 #include "util/error.h"
+#include "util/host_port.h"
 
 namespace meshnet::registry {
 
 bool NodeRecord::SameIdentity(const NodeRecord& o) const {
   return std::tie(address, model_id, architecture, start_layer, end_layer, total_layers,
-                  recipe_fingerprint, instance_id) ==
+                  recipe_fingerprint, instance_id, public_key) ==
          std::tie(o.address, o.model_id, o.architecture, o.start_layer, o.end_layer, o.total_layers,
-                  o.recipe_fingerprint, o.instance_id);
+                  o.recipe_fingerprint, o.instance_id, o.public_key);
 }
 
 void NodeRecord::Validate() const {
   if (address.empty() || address.size() > 512) {
     ThrowInvalidArgument("node record: address must be 1..512 bytes");
+  }
+  if (CanonicalHostPort(address) != address) {
+    ThrowInvalidArgument("node record: address '" + address + "' is not canonical (" +
+                         CanonicalHostPort(address) + ")");
+  }
+  if (version.size() > 128 || instance_id.size() > 128 || architecture.size() > 128 ||
+      recipe_fingerprint.size() > 256 || public_key.size() > kPublicKeyBytes ||
+      signature.size() > kSignatureBytes) {
+    ThrowInvalidArgument("node record " + address + ": a field is too long");
   }
   if (model_id.empty() || model_id.size() > 128) {
     ThrowInvalidArgument("node record " + address + ": model id must be 1..128 bytes");
@@ -51,7 +62,10 @@ nlohmann::json ToJson(const NodeRecord& r) {
           {"in_flight_steps", r.in_flight_steps},
           {"version", r.version},
           {"instance_id", r.instance_id},
-          {"draining", r.draining}};
+          {"draining", r.draining},
+          {"public_key", ToHex(r.public_key)},
+          {"signed_at_ms", r.signed_at_ms},
+          {"signature", ToHex(r.signature)}};
 }
 
 NodeRecord RecordFromJson(const nlohmann::json& j) {
@@ -72,11 +86,46 @@ NodeRecord RecordFromJson(const nlohmann::json& j) {
     r.version = j.value("version", "");
     r.instance_id = j.value("instance_id", "");
     r.draining = j.value("draining", false);
+    r.public_key = FromHex(j.value("public_key", ""));
+    r.signed_at_ms = j.value("signed_at_ms", int64_t{0});
+    r.signature = FromHex(j.value("signature", ""));
   } catch (const nlohmann::json::exception& e) {
     ThrowInvalidArgument(std::string("malformed node record: ") + e.what());
   }
   r.Validate();
   return r;
+}
+
+std::string RecordSignedText(const NodeRecord& r) {
+  return "meshnet-record-v1\n" + r.address + "\n" + r.model_id + "\n" + r.architecture + "\n" +
+         std::to_string(r.start_layer) + "-" + std::to_string(r.end_layer) + "/" +
+         std::to_string(r.total_layers) + "\n" + r.recipe_fingerprint + "\n" + r.version + "\n" +
+         r.instance_id + "\n" + (r.draining ? "draining" : "serving") + "\n" + r.public_key + "\n" +
+         std::to_string(r.signed_at_ms);
+}
+
+void SignRecord(const SigningKey& key, NodeRecord* r) {
+  static std::atomic<int64_t> last{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  int64_t prev = last.load();
+  int64_t ts = std::max(now, prev + 1);
+  while (!last.compare_exchange_weak(prev, ts)) ts = std::max(now, prev + 1);
+  r->public_key = key.public_key();
+  r->signed_at_ms = ts;
+  r->signature = key.Sign(RecordSignedText(*r));
+}
+
+bool RecordSignatureValid(const NodeRecord& r) {
+  return VerifySignature(r.public_key, RecordSignedText(r), r.signature);
+}
+
+void RequireSignedRecord(const NodeRecord& r) {
+  if (!RecordSignatureValid(r)) {
+    throw Error(ErrorKind::kPermissionDenied,
+                "node record " + r.address + " is not signed by its node key");
+  }
 }
 
 void SortRecords(std::vector<NodeRecord>& nodes) {

@@ -25,33 +25,46 @@ namespace meshnet::registry {
 
 using LeaseId = int64_t;
 
+// The longest lease a registry grants: a node that dies is gone within it,
+// whatever it asked for.
+inline constexpr double kMaxLeaseTtlS = 60.0;
+
+// What Announce hands the announcer: the lease, the secret that every later
+// write to it must present (only the announcer knows it), and the TTL
+// granted (at most kMaxLeaseTtlS).
+struct Lease {
+  LeaseId id = 0;
+  std::string secret;
+  double ttl_s = 0;
+};
+
 class Registry {
  public:
   virtual ~Registry() = default;
   // For logs: "embedded", "127.0.0.1:7000", "etcd://127.0.0.1:2379/meshnet".
   virtual std::string name() const = 0;
-  // Grants a lease of `ttl_s` seconds and stores `record` under it (replacing
-  // a record of the same address). Throws Error(kInvalidArgument) for a bad
-  // record, kPermissionDenied when the registry refuses it (e.g. the node's
-  // Info disagrees), kUnavailable when the registry cannot be reached.
-  virtual LeaseId Announce(const NodeRecord& record, double ttl_s) = 0;
-  // Heartbeat: renews the lease and updates the record's load fields. False
-  // when the lease is gone (expired or revoked): announce again. A record
-  // whose identity (NodeRecord::SameIdentity) differs from the leased one is
-  // refused (kPermissionDenied).
-  virtual bool Renew(LeaseId lease, const NodeRecord& record) = 0;
-  // Ends the lease and removes its record (best effort for a lease already gone).
-  virtual void Withdraw(LeaseId lease) = 0;
+  // Grants a lease of `ttl_s` seconds (capped at kMaxLeaseTtlS) and stores
+  // `record` under it, replacing the record of the same address and the
+  // record of the same node key: one record per node instance. The record
+  // must be signed by its key (SignRecord). Throws Error(kInvalidArgument)
+  // for a bad record, kPermissionDenied when the registry refuses it (an
+  // unsigned record, a node whose own answer disagrees), kResourceExhausted
+  // when it is too busy verifying, kUnavailable when it cannot be reached.
+  virtual Lease Announce(const NodeRecord& record, double ttl_s) = 0;
+  // Heartbeat: renews the lease and replaces the held record (load, and the
+  // draining flag: the owner's to set and clear). False when the lease is
+  // gone (expired, revoked, or replaced by a newer announcement): announce
+  // again. kPermissionDenied for a wrong lease secret, an unsigned record,
+  // or one whose identity (NodeRecord::SameIdentity) differs from the held one.
+  virtual bool Renew(const Lease& lease, const NodeRecord& record) = 0;
+  // Ends the lease and removes its record (best effort for a lease already
+  // gone). kPermissionDenied for a wrong lease secret.
+  virtual void Withdraw(const Lease& lease) = 0;
   // The live records, all of them or one model's.
   virtual Snapshot List(const std::string& model_id = "") = 0;
   // Blocks until the revision is above `since` or `timeout_s` passed; returns
   // the revision seen (== since on timeout). Expiries are changes too.
   virtual int64_t WaitForChange(int64_t since, double timeout_s) = 0;
-  // Marks (or unmarks) the live record of `address` as draining, keeping its
-  // lease. The flag is sticky: a heartbeat can set it (a node that drains
-  // itself) but not clear it; only SetDraining(false) or a new announcement
-  // does. False if no live record has that address.
-  virtual bool SetDraining(const std::string& address, bool draining) = 0;
 };
 
 // For a draining node: live, not draining replicas of exactly the layer range

@@ -3,7 +3,9 @@
 //   std::string Unavailable();             // "" or why it cannot run
 //   std::unique_ptr<Registry> Make();      // a fresh, empty registry view
 //   double MinTtl();                       // the shortest TTL it honours
+//   bool LeaseSecrets();                   // whether writes check the lease secret
 // ). Times are real: leases expire on the wall clock; every wait is bounded.
+// Records are signed with a key per address (KeyFor), as nodes sign theirs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,14 +13,34 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "registry/registry.h"
 #include "util/error.h"
+#include "util/signing_key.h"
 
 namespace meshnet::registry::testing {
+
+// One node key per address, for the life of the test process.
+inline const SigningKey& KeyFor(const std::string& address) {
+  static std::mutex mu;
+  static std::map<std::string, SigningKey> keys;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = keys.find(address);
+  if (it == keys.end()) it = keys.emplace(address, SigningKey::Generate()).first;
+  return it->second;
+}
+
+// `r` signed with its address's key (after a test changed a signed field).
+inline NodeRecord Signed(NodeRecord r) {
+  SignRecord(KeyFor(r.address), &r);
+  return r;
+}
 
 inline NodeRecord Rec(const std::string& address, const std::string& model, int a, int b,
                       int total = 5) {
@@ -35,6 +57,7 @@ inline NodeRecord Rec(const std::string& address, const std::string& model, int 
   r.sessions_free = 8;
   r.version = "test";
   r.instance_id = "inst-" + address;
+  if (!address.empty()) SignRecord(KeyFor(address), &r);
   return r;
 }
 
@@ -45,7 +68,7 @@ inline double Since(std::chrono::steady_clock::time_point t0) {
 // Renews `lease` right after its etcd restarted. etcd may still be electing
 // itself, so kUnavailable is retried with bounded pauses for up to 20 s; any
 // other error, or a renewal refused (the lease lost), fails the test.
-inline void RenewAcrossRestart(Registry& r, LeaseId lease, const NodeRecord& n) {
+inline void RenewAcrossRestart(Registry& r, const Lease& lease, const NodeRecord& n) {
   const auto t0 = std::chrono::steady_clock::now();
   bool renewed = false;
   while (!renewed && Since(t0) < 20) {
@@ -112,8 +135,8 @@ TYPED_TEST_P(RegistryContract, AnnouncedNodesAreListedByModel) {
 TYPED_TEST_P(RegistryContract, RenewUpdatesLoadAndRefusesIdentityChange) {
   Registry& r = *this->reg_;
   NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
-  const LeaseId lease = r.Announce(n, 30);
-  n.kv_bytes_free = 1234;
+  const Lease lease = r.Announce(n, 30);
+  n.kv_bytes_free = 1234;  // load: not signed
   n.in_flight_steps = 3;
   ASSERT_TRUE(r.Renew(lease, n));
   const Snapshot s = r.List("m");
@@ -121,28 +144,31 @@ TYPED_TEST_P(RegistryContract, RenewUpdatesLoadAndRefusesIdentityChange) {
   EXPECT_EQ(s.nodes[0].kv_bytes_free, 1234);
   EXPECT_EQ(s.nodes[0].in_flight_steps, 3);
   NodeRecord other = n;
-  other.end_layer = 3;  // claims another range under the same lease
+  other.end_layer = 3;  // claims another range under the same lease, signed by the node
   try {
-    r.Renew(lease, other);
+    r.Renew(lease, Signed(other));
     ADD_FAILURE() << "a renewal changed the announced range";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
   }
-  EXPECT_FALSE(r.Renew(lease + 1000003, n));  // no such lease
+  Lease none = lease;
+  none.id = lease.id ^ 0x5a5a5a5a;
+  EXPECT_FALSE(r.Renew(none, n));  // no such lease
 }
 
 TYPED_TEST_P(RegistryContract, WithdrawAndReannounce) {
   Registry& r = *this->reg_;
   const NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
-  const LeaseId first = r.Announce(n, 30);
-  const LeaseId second = r.Announce(n, 30);  // a restarted node: replaces the record
-  EXPECT_NE(first, second);
+  const Lease first = r.Announce(n, 30);
+  const NodeRecord again = Signed(n);          // a restarted node signs its record anew
+  const Lease second = r.Announce(again, 30);  // and replaces the record
+  EXPECT_NE(first.id, second.id);
   EXPECT_EQ(r.List("m").nodes.size(), 1u);
   EXPECT_FALSE(r.Renew(first, n));
-  EXPECT_TRUE(r.Renew(second, n));
+  EXPECT_TRUE(r.Renew(second, again));
   r.Withdraw(second);
   EXPECT_TRUE(r.List("m").nodes.empty());
-  EXPECT_FALSE(r.Renew(second, n));
+  EXPECT_FALSE(r.Renew(second, again));
   r.Withdraw(second);  // again: no error
 }
 
@@ -177,7 +203,7 @@ TYPED_TEST_P(RegistryContract, HeartbeatsKeepALeaseAlive) {
   Registry& r = *this->reg_;
   const double ttl = this->backend_->MinTtl();
   NodeRecord n = Rec("10.0.0.8:1", "m", 0, 4);
-  const LeaseId lease = r.Announce(n, ttl);
+  const Lease lease = r.Announce(n, ttl);
   const auto t0 = std::chrono::steady_clock::now();
   while (Since(t0) < 2.5 * ttl) {
     ASSERT_TRUE(r.Renew(lease, n)) << "lease lost at " << Since(t0) << " s";
@@ -199,10 +225,12 @@ TYPED_TEST_P(RegistryContract, WatchWakesOnChange) {
   EXPECT_LT(Since(t0), 10.0);
 }
 
-TYPED_TEST_P(RegistryContract, DrainingIsStickyAndReplicasAreFound) {
+// The draining flag is the owner's: its own (signed) renewal sets and clears
+// it; nobody else can write a record.
+TYPED_TEST_P(RegistryContract, TheOwnerSetsDrainingAndReplicasAreFound) {
   Registry& r = *this->reg_;
   NodeRecord self = Rec("10.0.0.1:1", "m", 2, 3);
-  const LeaseId lease = r.Announce(self, 30);
+  const Lease lease = r.Announce(self, 30);
   NodeRecord roomy = Rec("10.0.0.2:1", "m", 2, 3);
   roomy.kv_bytes_free = 900;
   NodeRecord roomier = Rec("10.0.0.3:1", "m", 2, 3);
@@ -210,7 +238,7 @@ TYPED_TEST_P(RegistryContract, DrainingIsStickyAndReplicasAreFound) {
   NodeRecord full = Rec("10.0.0.4:1", "m", 2, 3);
   full.kv_bytes_free = 10;
   r.Announce(roomy, 30);
-  r.Announce(roomier, 30);
+  const Lease roomier_lease = r.Announce(roomier, 30);
   r.Announce(full, 30);
   r.Announce(Rec("10.0.0.5:1", "m", 0, 1), 30);   // another range
   r.Announce(Rec("10.0.0.6:1", "m2", 2, 3), 30);  // another model
@@ -218,12 +246,11 @@ TYPED_TEST_P(RegistryContract, DrainingIsStickyAndReplicasAreFound) {
   ASSERT_EQ(replicas.size(), 2u);
   EXPECT_EQ(replicas[0].address, "10.0.0.3:1");  // most free first
   EXPECT_EQ(replicas[1].address, "10.0.0.2:1");
+  EXPECT_EQ(replicas[0].public_key, KeyFor("10.0.0.3:1").public_key());
 
-  ASSERT_TRUE(r.SetDraining("10.0.0.3:1", true));
+  roomier.draining = true;
+  ASSERT_TRUE(r.Renew(roomier_lease, Signed(roomier)));
   EXPECT_EQ(FindReplicas(r, self, 100).size(), 1u);
-  EXPECT_FALSE(r.SetDraining("10.9.9.9:1", true));
-  ASSERT_TRUE(r.SetDraining(self.address, true));
-  ASSERT_TRUE(r.Renew(lease, self));  // the heartbeat does not clear it
   auto self_draining = [&] {
     for (const NodeRecord& n : r.List("m").nodes) {
       if (n.address == self.address) return n.draining;
@@ -231,15 +258,103 @@ TYPED_TEST_P(RegistryContract, DrainingIsStickyAndReplicasAreFound) {
     ADD_FAILURE() << "self is not listed";
     return false;
   };
+  self.draining = true;
+  ASSERT_TRUE(r.Renew(lease, Signed(self)));
   EXPECT_TRUE(self_draining());
-  ASSERT_TRUE(r.SetDraining(self.address, false));
+  self.draining = false;
+  ASSERT_TRUE(r.Renew(lease, Signed(self)));  // the owner undrains
   EXPECT_FALSE(self_draining());
+}
+
+// A record not signed by the key it names is refused, announced or renewed:
+// nobody but the node can say what it serves or that it drains.
+TYPED_TEST_P(RegistryContract, UnsignedOrForgedRecordsAreRefused) {
+  Registry& r = *this->reg_;
+  NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
+  const Lease lease = r.Announce(n, 30);
+  NodeRecord forged = n;
+  forged.draining = true;  // a stranger's edit, not re-signed
+  NodeRecord unsigned_rec = Rec("10.0.0.2:1", "m", 0, 4);
+  unsigned_rec.signature.clear();
+  NodeRecord other_key = Rec("10.0.0.3:1", "m", 0, 4);
+  SignRecord(KeyFor("10.0.0.9:1"), &other_key);  // signed, but by someone else's key
+  other_key.public_key = KeyFor("10.0.0.3:1").public_key();
+  for (const NodeRecord& bad : {forged, unsigned_rec, other_key}) {
+    try {
+      r.Announce(bad, 30);
+      ADD_FAILURE() << "announced " << ToJson(bad).dump();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
+    }
+  }
+  try {
+    r.Renew(lease, forged);
+    ADD_FAILURE() << "renewed with a forged record";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
+  }
+  const Snapshot s = r.List("m");
+  ASSERT_EQ(s.nodes.size(), 1u);
+  EXPECT_FALSE(s.nodes[0].draining);
+}
+
+// Writes need the lease's secret (backends that have them); lease ids are
+// not neighbours; the TTL is capped; one record per node key.
+TYPED_TEST_P(RegistryContract, LeasesBelongToTheirAnnouncer) {
+  Registry& r = *this->reg_;
+  NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
+  const Lease lease = r.Announce(n, 86400);
+  EXPECT_LE(lease.ttl_s, kMaxLeaseTtlS);
+  EXPECT_GT(lease.ttl_s, 0);
+  if (this->backend_->LeaseSecrets()) {
+    EXPECT_EQ(lease.secret.size(), 16u);
+    Lease guessed = lease;
+    guessed.secret = std::string(16, 'x');
+    for (auto write : {+[](Registry&g, const Lease&l, const NodeRecord&rec) { g.Renew(l, rec); },
+                       +[](Registry&g, const Lease&l, const NodeRecord&) { g.Withdraw(l); }}) {
+      try {
+        write(r, guessed, n);
+        ADD_FAILURE() << "a write without the lease secret was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
+      }
+    }
+    std::set<LeaseId> ids = {lease.id};
+    for (int i = 2; i <= 4; ++i)
+      ids.insert(r.Announce(Rec("10.0.0." + std::to_string(i) + ":1", "m", 0, 4), 30).id);
+    for (auto a = ids.begin(), b = std::next(ids.begin()); b != ids.end(); ++a, ++b) {
+      EXPECT_GT(*b - *a, 1000) << "lease ids close together: guessable";
+    }
+  }
+  EXPECT_TRUE(r.Renew(lease, n));
+  if (this->backend_->LeaseSecrets()) {
+    // Anyone may List; a listed record announced again (to take the lease
+    // from its node, then withdraw it) is refused as a replay.
+    const NodeRecord listed = r.List("m").nodes.front();
+    try {
+      const Lease stolen = r.Announce(listed, 30);
+      r.Withdraw(stolen);
+      ADD_FAILURE() << "a replayed record took the node's lease";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
+    }
+    EXPECT_TRUE(r.Renew(lease, n)) << "the node lost its lease";
+  }
+  // The same node key announced under another address: one record.
+  NodeRecord moved = n;
+  moved.address = "10.0.0.1:2";
+  SignRecord(KeyFor("10.0.0.1:1"), &moved);
+  r.Announce(moved, 30);
+  int with_key = 0;
+  for (const NodeRecord& x : r.List("m").nodes) with_key += x.public_key == n.public_key;
+  EXPECT_EQ(with_key, 1);
 }
 
 REGISTER_TYPED_TEST_SUITE_P(RegistryContract, AnnouncedNodesAreListedByModel,
                             RenewUpdatesLoadAndRefusesIdentityChange, WithdrawAndReannounce,
                             BadRecordsAreRefused, UnrenewedLeaseExpiresWithinTtl,
                             HeartbeatsKeepALeaseAlive, WatchWakesOnChange,
-                            DrainingIsStickyAndReplicasAreFound);
+                            TheOwnerSetsDrainingAndReplicasAreFound,
+                            UnsignedOrForgedRecordsAreRefused, LeasesBelongToTheirAnnouncer);
 
 }  // namespace meshnet::registry::testing

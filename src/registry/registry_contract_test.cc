@@ -3,6 +3,8 @@
 #include "registry/registry_contract.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <openssl/evp.h>
 
 #include "registry/etcd_registry.h"
 #include "registry/etcd_test_util.h"
@@ -15,6 +17,7 @@ struct MemoryBackend {
   std::string Unavailable() { return ""; }
   std::unique_ptr<Registry> Make() { return std::make_unique<MemoryRegistry>(); }
   double MinTtl() { return 1.0; }
+  bool LeaseSecrets() { return true; }
 };
 
 struct EtcdBackend {
@@ -26,6 +29,7 @@ struct EtcdBackend {
     return std::make_unique<EtcdRegistry>(ParseEtcdUrl(server.url("/contract")));
   }
   double MinTtl() { return 2.0; }  // etcd's minimum lease TTL with default timings
+  bool LeaseSecrets() { return false; }
 };
 
 // The same contract with etcd auth on: every call carries root's token.
@@ -44,6 +48,7 @@ struct EtcdAuthBackend {
     return std::make_unique<EtcdRegistry>(ParseEtcdUrl(server.url("/contract")), 5.0, sec);
   }
   double MinTtl() { return 2.0; }
+  bool LeaseSecrets() { return false; }
 };
 
 using Backends = ::testing::Types<MemoryBackend, EtcdBackend, EtcdAuthBackend>;
@@ -86,12 +91,49 @@ TEST(EtcdRegistry, PrefixesAreSeparate) {
   EXPECT_TRUE(b.List().nodes.empty());
 }
 
+// etcd lets every writer write any key: a record a writer made up (under an
+// impostor's key, or a real record edited to "draining") is not listed; the
+// node's own record, written by the node, is.
+TEST(EtcdRegistry, RecordsNotSignedByTheirNodeAreNotListed) {
+  EtcdServer server;
+  MESHNET_REQUIRE_ETCD(server);
+  EtcdRegistry r(ParseEtcdUrl(server.url("/p")));
+  const NodeRecord honest = Rec("10.0.0.1:1", "m", 0, 4);
+  r.Announce(honest, 30);
+  auto b64 = [](const std::string& in) {
+    std::string out(4 * ((in.size() + 2) / 3), '\0');
+    out.resize(EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                               reinterpret_cast<const unsigned char*>(in.data()),
+                               static_cast<int>(in.size())));
+    return out;
+  };
+  auto put = [&](const std::string& key, const NodeRecord& rec) {
+    httplib::Client cli("127.0.0.1", server.port());
+    const nlohmann::json body = {{"key", b64(key)}, {"value", b64(ToJson(rec).dump())}};
+    const auto res = cli.Post("/v3/kv/put", body.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+  };
+  NodeRecord edited = honest;
+  edited.draining = true;  // not re-signed: the writer has no node key
+  put("/p/nodes/m/10.0.0.1:1", edited);
+  NodeRecord made_up = Rec("10.0.0.2:1", "m", 0, 4);
+  made_up.public_key = honest.public_key;  // claims the honest node's key
+  put("/p/nodes/m/10.0.0.2:1", made_up);
+  NodeRecord misplaced = Rec("10.0.0.3:1", "m", 0, 4);  // validly signed, under another key
+  put("/p/nodes/m/10.0.0.9:1", misplaced);
+  EXPECT_TRUE(r.List("m").nodes.empty()) << "edited, made-up or misplaced records listed";
+  r.Announce(Signed(honest), 30);  // the node's next announcement is listed again
+  const auto listed = r.List("m").nodes;
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_FALSE(listed[0].draining);
+}
+
 TEST(EtcdRegistry, LeasesAndRecordsSurviveARestart) {
   EtcdServer server;
   MESHNET_REQUIRE_ETCD(server);
   EtcdRegistry r(ParseEtcdUrl(server.url()));
   NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
-  const LeaseId lease = r.Announce(n, 10);
+  const Lease lease = r.Announce(n, 10);
   server.Restart();
   ASSERT_NO_FATAL_FAILURE(RenewAcrossRestart(r, lease, n));
   ASSERT_EQ(r.List("m").nodes.size(), 1u);

@@ -11,9 +11,11 @@
 
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
+#include "rpc/channel.h"
 #include "rpc/migrate.h"
 #include "rpc/status.h"
 #include "util/error.h"
+#include "util/host_port.h"
 #include "util/mutex.h"
 
 namespace meshnet::rpc {
@@ -39,20 +41,21 @@ void DrainOne(node::NodeCore& core, const std::string& id, const node::ShardInfo
     return;
   }
   const int64_t bytes = exp->header().seq_len * exp->header().bytes_per_token;
-  std::vector<std::string> targets;
+  std::vector<DrainTarget> targets;
   if (o.find_replicas && !out_of_time) targets = o.find_replicas(self, bytes);
-  for (const std::string& target : targets) {
+  for (const DrainTarget& target : targets) {
     try {
-      report->bytes_moved += PushSession(*exp, target, o.client);
-      core.MarkMoved(id, target);
+      const std::string at = CanonicalHostPort(target.address);
+      report->bytes_moved += PushSession(*exp, target, self, o.client);
+      core.MarkMoved(id, at);
       ++report->moved;
-      spdlog::info("event=session_moved session={} to={} bytes={}", id.substr(0, 8), target, bytes);
+      spdlog::info("event=session_moved session={} to={} bytes={}", id.substr(0, 8), at, bytes);
       return;
     } catch (const Error& e) {
-      report->notes.push_back("session " + id.substr(0, 8) + ": " + target + " refused (" +
+      report->notes.push_back("session " + id.substr(0, 8) + ": " + target.address + " refused (" +
                               e.what() + ")");
-      spdlog::warn("event=move_refused session={} to={} message=\"{}\"", id.substr(0, 8), target,
-                   e.what());
+      spdlog::warn("event=move_refused session={} to={} message=\"{}\"", id.substr(0, 8),
+                   target.address, e.what());
     }
   }
   exp.reset();  // ends the claim
@@ -63,7 +66,9 @@ void DrainOne(node::NodeCore& core, const std::string& id, const node::ShardInfo
 }  // namespace
 
 ReplicaFinder StaticReplicas(std::vector<std::string> addresses) {
-  return [addresses = std::move(addresses)](const node::ShardInfo&, int64_t) { return addresses; };
+  std::vector<DrainTarget> targets;
+  for (auto& a : addresses) targets.push_back({std::move(a), ""});
+  return [targets = std::move(targets)](const node::ShardInfo&, int64_t) { return targets; };
 }
 
 namespace {
@@ -110,20 +115,31 @@ DrainReport DrainSessions(node::NodeCore& core, const DrainOptions& options) {
   return report;
 }
 
-DrainReport RequestDrain(const std::string& address, const std::vector<std::string>& targets,
-                         const ClientOptions& options) {
+namespace {
+
+// One admin call: TLS from `options`, the admin token, no cluster token.
+template <typename Req, typename Resp, typename Method>
+Resp AdminCall(const std::string& address, const ClientOptions& options,
+               const std::string& admin_token, Method method, const Req& req, const char* name) {
   options.Validate();
   auto stub = pb::MeshNode::NewStub(MakeChannel(address, options));
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
-  if (!options.auth_token.empty())
-    ctx.AddMetadata("authorization", BearerValue(options.auth_token));
+  ctx.set_deadline(DeadlineAfter(options.timeout_s));
+  if (!admin_token.empty()) ctx.AddMetadata("authorization", BearerValue(admin_token));
+  Resp resp;
+  const grpc::Status s = (stub.get()->*method)(&ctx, req, &resp);
+  if (!s.ok()) ThrowForStatus(s, ctx, address, name);
+  return resp;
+}
+
+}  // namespace
+
+DrainReport RequestDrain(const std::string& address, const std::vector<std::string>& targets,
+                         const ClientOptions& options, const std::string& admin_token) {
   pb::DrainRequest req;
   for (const auto& t : targets) req.add_targets(t);
-  pb::DrainResponse resp;
-  const grpc::Status s = stub->Drain(&ctx, req, &resp);
-  if (!s.ok()) ThrowForStatus(s, ctx, address, "Drain");
+  const pb::DrainResponse resp = AdminCall<pb::DrainRequest, pb::DrainResponse>(
+      address, options, admin_token, &pb::MeshNode::Stub::Drain, req, "Drain");
   DrainReport r;
   r.sessions = resp.sessions();
   r.moved = resp.moved();
@@ -132,6 +148,14 @@ DrainReport RequestDrain(const std::string& address, const std::vector<std::stri
   r.seconds = resp.seconds();
   r.notes.assign(resp.notes().begin(), resp.notes().end());
   return r;
+}
+
+bool RequestUndrain(const std::string& address, const ClientOptions& options,
+                    const std::string& admin_token) {
+  return AdminCall<pb::UndrainRequest, pb::UndrainResponse>(address, options, admin_token,
+                                                            &pb::MeshNode::Stub::Undrain,
+                                                            pb::UndrainRequest{}, "Undrain")
+      .was_draining();
 }
 
 }  // namespace meshnet::rpc

@@ -7,8 +7,14 @@
 //
 // Where replicas come from is a hook: a ReplicaFinder gets this node's shard
 // (model, range, recipe) and the bytes one session needs, and returns
-// candidate addresses, best first: StaticReplicas(--drain-to list), or a
-// registry's replicas of the same range with room (cli/serve_drain.h).
+// candidates, best first: StaticReplicas(--drain-to list, or the admin's
+// targets), or a registry's replicas of the same range with room, each with
+// the node key its signed record names (cli/serve_drain.h). Nothing is sent
+// to a candidate before it proved itself on the connection the session then
+// takes (rpc/prove.h: its key, the address it was reached by, the same
+// model, range and recipe, and, with a cluster token, that it knows the
+// token); the session is then pushed with a peer proof, never the cluster
+// token.
 // Up to DrainOptions::parallel sessions move at once (each on its own
 // stream), so a drain of many sessions is not a queue of round trips.
 //
@@ -27,11 +33,18 @@
 
 namespace meshnet::rpc {
 
-using ReplicaFinder =
-    std::function<std::vector<std::string>(const node::ShardInfo& self, int64_t bytes_needed)>;
+// A replica to push to: its address and, when known (a registry's signed
+// record), the node key it must prove; empty: any key that proves the address.
+struct DrainTarget {
+  std::string address;
+  std::string public_key;
+};
 
-// The given addresses, in order (each target verifies the session itself).
-// A finder may be called from several threads at once.
+using ReplicaFinder =
+    std::function<std::vector<DrainTarget>(const node::ShardInfo& self, int64_t bytes_needed)>;
+
+// The given addresses, in order, with no key pinned (each still proves
+// itself). A finder may be called from several threads at once.
 ReplicaFinder StaticReplicas(std::vector<std::string> addresses);
 
 struct DrainOptions {
@@ -55,8 +68,14 @@ struct DrainReport {
 // Marks `core` draining, then moves or ends each session, `parallel` at a time.
 DrainReport DrainSessions(node::NodeCore& core, const DrainOptions& options);
 
-// `meshnet admin drain`: asks the node at `address` to drain to `targets`.
+// `meshnet admin drain`: asks the node at `address` to drain to `targets`,
+// with `admin_token` (the node's --admin-token; `options` gives TLS and the
+// deadline, its cluster token is not sent).
 DrainReport RequestDrain(const std::string& address, const std::vector<std::string>& targets,
-                         const ClientOptions& options);
+                         const ClientOptions& options, const std::string& admin_token);
+// `meshnet admin undrain`: the node takes new sessions again. Whether it was
+// draining.
+bool RequestUndrain(const std::string& address, const ClientOptions& options,
+                    const std::string& admin_token);
 
 }  // namespace meshnet::rpc

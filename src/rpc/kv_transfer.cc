@@ -1,5 +1,6 @@
 #include "rpc/kv_transfer.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -186,6 +187,42 @@ void SendErrorAndLinger(int fd, const Error& e, double linger_s) {
   }
 }
 
+// Reads exactly n bytes, all of them within `seconds` of now (a client that
+// drips its bytes gets no longer than one that sends none).
+void ReadWithin(int fd, void* data, size_t n, double seconds, const char* what) {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(seconds));
+  auto* p = static_cast<uint8_t*>(data);
+  while (n > 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    pollfd pf{fd, POLLIN, 0};
+    if (left <= 0 || poll(&pf, 1, static_cast<int>(left)) == 0) {
+      throw Error(ErrorKind::kUnavailable, std::string("reading ") + what + ": timed out");
+    }
+    const ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+    } else if (r == 0) {
+      throw Error(ErrorKind::kUnavailable, std::string("connection closed while reading ") + what);
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      ThrowIo(std::string("reading ") + what);
+    }
+  }
+}
+
+// The client's IP address, without the port.
+std::string PeerIp(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (a.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
+  } else if (a.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -195,9 +232,11 @@ struct KvTransferListener::Impl {
   struct Pending {
     std::unique_ptr<node::SessionImporter> importer;
     Clock::time_point expires;
+    std::string session_id;
   };
   struct Conn {
     int fd = -1;
+    std::string ip;
     std::thread thread;
     std::atomic<bool> done{false};
   };
@@ -215,6 +254,10 @@ struct KvTransferListener::Impl {
   std::unordered_map<std::string, Pending> pending GUARDED_BY(mu);
   std::list<Conn> conns GUARDED_BY(mu);
   bool stopped GUARDED_BY(mu) = false;
+  int64_t refused GUARDED_BY(mu) = 0;
+
+  // Whether a connection from `ip` may be served now (the limits).
+  bool RoomForLocked(const std::string& ip) const REQUIRES(mu);
 
   void Bind();
   void AcceptLoop();
@@ -272,6 +315,17 @@ void KvTransferListener::Impl::Bind() {
   }
 }
 
+bool KvTransferListener::Impl::RoomForLocked(const std::string& ip) const {
+  int running = 0, from_ip = 0;
+  for (const Conn& c : conns) {
+    if (c.done.load()) continue;
+    ++running;
+    if (c.ip == ip) ++from_ip;
+  }
+  return running < std::max(1, options.max_connections) &&
+         from_ip < std::max(1, options.max_connections_per_ip);
+}
+
 void KvTransferListener::Impl::FinishedLocked(std::vector<Conn*>* finished) {
   for (Conn& c : conns) {
     if (c.done.load()) finished->push_back(&c);
@@ -303,18 +357,21 @@ void KvTransferListener::Impl::AcceptLoop() {
       });
     }
     if (n <= 0 || (fds[0].revents & POLLIN) == 0) continue;
-    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof peer;
+    const int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    const std::string ip = PeerIp(peer);
     MutexLock lock(&mu);
-    const auto running =
-        std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return !c.done.load(); });
-    if (stopped || running >= std::max(1, options.max_connections)) {
-      close(fd);  // full: the client's offer expires, its drain tries elsewhere
-      spdlog::warn("event=kv_transfer_refused reason=\"connection limit\"");
+    if (stopped || !RoomForLocked(ip)) {
+      close(fd);  // full: the client's push falls back to gRPC, or its offer expires
+      ++refused;
+      spdlog::warn("event=kv_transfer_refused peer={} reason=\"connection limit\"", ip);
       continue;
     }
     Conn& c = conns.emplace_back();
     c.fd = fd;
+    c.ip = ip;
     c.thread = std::thread([this, &c] {
       Serve(c.fd);
       c.done.store(true);
@@ -350,11 +407,12 @@ void KvTransferListener::Impl::Sweep() {
 }
 
 void KvTransferListener::Impl::Serve(int fd) {
-  SetIoTimeout(fd, options.io_timeout_s);
   std::unique_ptr<node::SessionImporter> imp;
+  double linger_s = options.hello_timeout_s;  // until a live ticket came
   try {
     char hello[sizeof kMagic + kTicketBytes];
-    ReadExact(fd, hello, sizeof hello, "the ticket");
+    ReadWithin(fd, hello, sizeof hello, options.hello_timeout_s, "the ticket");
+    SetIoTimeout(fd, options.io_timeout_s);
     if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
       ThrowInvalidArgument("KV transfer refused: not a meshnet KV transfer");
     }
@@ -363,16 +421,17 @@ void KvTransferListener::Impl::Serve(int fd) {
       throw Error(ErrorKind::kPermissionDenied,
                   "KV transfer refused: unknown, used or expired ticket");
     }
+    linger_s = options.io_timeout_s;
     Import(fd, *imp);
   } catch (const Error& e) {
     if (imp) core->counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn("event=kv_transfer_refused message=\"{}\"", e.what());
-    SendErrorAndLinger(fd, e, options.io_timeout_s);
+    SendErrorAndLinger(fd, e, linger_s);
   } catch (const std::exception& e) {
     if (imp) core->counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("event=kv_transfer_failed message=\"{}\"", e.what());
     SendErrorAndLinger(fd, Error(ErrorKind::kUnavailable, std::string("KV transfer: ") + e.what()),
-                       options.io_timeout_s);
+                       linger_s);
   }
   imp.reset();  // undoes the claim unless it was committed
 }
@@ -426,8 +485,9 @@ KvOffer KvTransferListener::Offer(node::SessionExportHeader header) {
   {
     MutexLock lock(&m.mu);
     if (!m.FullLocked()) {
+      const std::string session_id = imp->header().session_id;
       m.pending.emplace(SecretDigest(offer.ticket),
-                        Impl::Pending{std::move(imp), Clock::now() + ttl});
+                        Impl::Pending{std::move(imp), Clock::now() + ttl, session_id});
       return offer;
     }
   }
@@ -439,6 +499,26 @@ int64_t KvTransferListener::pending() {
   impl_->Sweep();
   MutexLock lock(&impl_->mu);
   return static_cast<int64_t>(impl_->pending.size());
+}
+
+void KvTransferListener::DropOffers(const std::string& session_id) {
+  std::vector<std::unique_ptr<node::SessionImporter>> dropped;  // undone outside the lock
+  {
+    MutexLock lock(&impl_->mu);
+    for (auto it = impl_->pending.begin(); it != impl_->pending.end();) {
+      if (it->second.session_id == session_id) {
+        dropped.push_back(std::move(it->second.importer));
+        it = impl_->pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+int64_t KvTransferListener::refused_connections() const {
+  MutexLock lock(&impl_->mu);
+  return impl_->refused;
 }
 
 void KvTransferListener::Stop() {

@@ -28,9 +28,14 @@
 //
 // Bounds: at most `max_pending` offered imports wait for their connection
 // (each holds its reserved rows) and each expires after `ticket_ttl_s`; at
-// most `max_connections` connections are served at once (more are closed at
-// once); every read and write has an `io_timeout_s`. A connection that does
-// not present a live ticket first is closed after one error frame.
+// most `max_connections` connections are served at once and
+// `max_connections_per_ip` from one client address (more are closed at
+// once); a connection must present its ticket within `hello_timeout_s` of
+// being accepted, and every later read and write has an `io_timeout_s`. A
+// connection that does not present a live ticket in time is closed after one
+// error frame and a linger of at most `hello_timeout_s`. A pusher whose
+// connection fails streams over gRPC instead (rpc/migrate.h); DropOffers
+// undoes its offer here.
 //
 // Thread-safety: KvTransferListener's methods are thread-safe.
 #pragma once
@@ -50,7 +55,9 @@ struct KvTransferOptions {
   int port = 0;                    // 0: any free port
   int max_pending = 8;
   int max_connections = 4;
+  int max_connections_per_ip = 2;
   double ticket_ttl_s = 10.0;
+  double hello_timeout_s = 1.0;
   double io_timeout_s = 10.0;
 };
 
@@ -75,6 +82,10 @@ class KvTransferListener {
   KvOffer Offer(node::SessionExportHeader header);
   // Offers waiting for their connection (expired ones are dropped first).
   int64_t pending();
+  // Drops the offers waiting for `session_id` (their imports are undone).
+  void DropOffers(const std::string& session_id);
+  // Connections closed at once because of the connection limits.
+  int64_t refused_connections() const;
   // Closes the port and every connection, drops the offers (their imports
   // are undone), joins the threads. Idempotent.
   void Stop();

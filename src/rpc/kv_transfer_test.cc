@@ -195,7 +195,8 @@ TEST(KvTransfer, SilentClientsAndUnknownTicketsBlockNobody) {
   TestNode a, b;
   auto [id, t] = Prepared(a);
   KvTransferOptions o = Options();
-  o.max_connections = 3;  // the silent one, the stranger (until it hangs up), the transfer
+  o.max_connections = 3;         // the silent one, the stranger (until it hangs up), the transfer
+  o.max_connections_per_ip = 3;  // all three come from 127.0.0.1
   KvTransferListener port(b.core.get(), o);
   const int silent = Dial(port.port());
   const int stranger = Dial(port.port());
@@ -242,6 +243,38 @@ TEST(KvTransfer, ARefusedClientDrippingBytesIsCutOffAfterTheLinger) {
   }
   close(fd);
   ASSERT_TRUE(cut_off) << "the node kept reading a refused client's drip for 5 s";
+  auto exp = a.core->BeginExport(id, &kSecret);
+  const KvOffer offer = port.Offer(exp->header());
+  EXPECT_EQ(SendKvTransfer(*exp, "127.0.0.1", offer.port, offer.ticket, Client()),
+            13 * exp->header().bytes_per_token);
+}
+
+// A connection that presents no ticket is told so and closed at the ticket
+// deadline (not after the io timeout, plus as long again of linger: four such
+// connections used to stop every migration for 20 s), and one client address
+// gets at most max_connections_per_ip connections at once; the others are
+// closed at once. Once the silent ones are gone, a transfer goes through.
+TEST(KvTransfer, SilentClientsAreCutAtTheTicketDeadlineAndCappedPerAddress) {
+  TestNode a, b;
+  auto [id, t] = Prepared(a);
+  KvTransferOptions o = Options();  // io timeout 5 s
+  o.hello_timeout_s = 0.3;
+  o.max_connections = 4;
+  o.max_connections_per_ip = 2;
+  KvTransferListener port(b.core.get(), o);
+  const int s1 = Dial(port.port());
+  const int s2 = Dial(port.port());
+  const int s3 = Dial(port.port());
+  char c;
+  EXPECT_EQ(recv(s3, &c, 1, 0), 0) << "a third connection from one address was served";
+  for (const int fd : {s1, s2}) {
+    const auto [status, message] = ReadStatus(fd);
+    EXPECT_EQ(status, 1 + static_cast<uint32_t>(ErrorKind::kUnavailable)) << message;
+    EXPECT_NE(message.find("ticket"), std::string::npos) << message;
+    EXPECT_EQ(recv(fd, &c, 1, 0), 0) << "still open after the status";
+  }
+  for (const int fd : {s1, s2, s3}) close(fd);
+  EXPECT_GE(port.refused_connections(), 1);
   auto exp = a.core->BeginExport(id, &kSecret);
   const KvOffer offer = port.Offer(exp->header());
   EXPECT_EQ(SendKvTransfer(*exp, "127.0.0.1", offer.port, offer.ticket, Client()),

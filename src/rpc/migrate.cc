@@ -1,5 +1,7 @@
 #include "rpc/migrate.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <optional>
 #include <string>
@@ -11,8 +13,10 @@
 #include "rpc/channel.h"
 #include "rpc/codec.h"
 #include "rpc/kv_transfer.h"
+#include "rpc/prove.h"
 #include "rpc/status.h"
 #include "util/error.h"
+#include "util/signing_key.h"
 
 namespace meshnet::rpc {
 
@@ -149,10 +153,12 @@ namespace {
 
 // OfferImport, then the KV over the target's transfer port; nothing when the
 // target has no such port (UNIMPLEMENTED: TLS, --kv-transfer-port -1, or an
-// older node), so that the caller streams over gRPC instead.
+// older node) or the port does not take the bytes (unreachable, full, cut),
+// so that the caller streams over gRPC instead (the target drops the unused
+// offer when the stream begins).
 std::optional<int64_t> PushOverKvTransfer(node::SessionExporter& exporter,
                                           const std::string& target, pb::MeshNode::Stub& stub,
-                                          const ClientOptions& options) {
+                                          const ClientOptions& options, const std::string& proof) {
   const size_t colon = target.rfind(':');
   if (colon == std::string::npos || colon == 0 || target.find('/') != std::string::npos) {
     return std::nullopt;  // not host:port (a resolver URI): no host to connect to
@@ -161,19 +167,41 @@ std::optional<int64_t> PushOverKvTransfer(node::SessionExporter& exporter,
   EncodeExportHeader(exporter.header(), req.mutable_header());
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(options.timeout_s));  // the target may wait for admission
-  if (!options.auth_token.empty())
-    ctx.AddMetadata("authorization", BearerValue(options.auth_token));
+  if (!proof.empty()) ctx.AddMetadata(kPeerProofMetadata, proof);
   pb::OfferImportResponse resp;
   const grpc::Status s = stub.OfferImport(&ctx, req, &resp);
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return std::nullopt;
   if (!s.ok()) ThrowForStatus(s, ctx, target, "OfferImport");
-  return SendKvTransfer(exporter, target.substr(0, colon), resp.port(), resp.ticket(), options);
+  try {
+    return SendKvTransfer(exporter, target.substr(0, colon), resp.port(), resp.ticket(), options);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kUnavailable) throw;
+    spdlog::warn("event=kv_transfer_fallback to={} message=\"{}\" (streaming over gRPC)", target,
+                 e.what());
+    return std::nullopt;
+  }
+}
+
+// The target must be the node it claims and a replica of `self`; its key.
+std::string ProveReplica(pb::MeshNode::Stub& stub, const DrainTarget& target,
+                         const node::ShardInfo& self, const ClientOptions& options) {
+  const ProvenNode p = ProveOn(stub, target.address, options, target.public_key);
+  const mesh::ShardInfo& s = p.info.shard;
+  if (s.model_id != self.model_id || s.start_layer != self.start_layer ||
+      s.end_layer != self.end_layer || s.recipe_fingerprint != self.recipe_fingerprint) {
+    throw Error(ErrorKind::kPermissionDenied,
+                target.address + " is not a replica of this node's layers " +
+                    std::to_string(self.start_layer) + "-" + std::to_string(self.end_layer) +
+                    " (model, range or KV recipe differ)");
+  }
+  return p.public_key;
 }
 
 }  // namespace
 
-int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
-                    const ClientOptions& options) {
+int64_t PushSession(node::SessionExporter& exporter, const DrainTarget& to,
+                    const node::ShardInfo& self, const ClientOptions& options) {
+  const std::string& target = to.address;
   auto channel = MakeChannel(target, options);
   // Connect first, within the connect timeout: gRPC fails a call at once on a
   // transient connect error (seen under load on loopback), and the export is
@@ -183,15 +211,17 @@ int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
     throw Error(ErrorKind::kUnavailable, target + ": ImportSession: no connection within " +
                                              std::to_string(options.connect_timeout_s) + " s");
   auto stub = pb::MeshNode::NewStub(channel);
+  // Proven on this channel (its connection carries the session next); the
+  // peer proof names that key, so only that node can use it.
+  const std::string proof = PeerProof(options.auth_token, ProveReplica(*stub, to, self, options));
   if (options.kv_transfer && options.tls_ca.empty()) {
-    if (std::optional<int64_t> sent = PushOverKvTransfer(exporter, target, *stub, options)) {
+    if (std::optional<int64_t> sent = PushOverKvTransfer(exporter, target, *stub, options, proof)) {
       return *sent;
     }
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(options.timeout_s));
-  if (!options.auth_token.empty())
-    ctx.AddMetadata("authorization", BearerValue(options.auth_token));
+  if (!proof.empty()) ctx.AddMetadata(kPeerProofMetadata, proof);
   pb::ImportSessionResponse resp;
   std::unique_ptr<grpc::ClientWriter<pb::SessionChunk>> writer = stub->ImportSession(&ctx, &resp);
   const bool all =

@@ -16,6 +16,7 @@
 #include "node/migration.h"
 #include "node/node_core.h"
 #include "proto/meshnet.pb.h"
+#include "rpc/drain.h"
 #include "rpc/options.h"
 
 namespace meshnet::rpc {
@@ -45,10 +46,15 @@ void ServeImport(node::NodeCore& core, const std::function<bool(pb::SessionChunk
 void ServeExport(node::NodeCore& core, const pb::ExportSessionRequest& request,
                  const std::function<bool(const pb::SessionChunk&)>& write);
 
-// Streams `exporter` to the node at `target` (ImportSession). Throws
-// meshnet::Error with the target's reason when it refuses. Returns the
+// Sends `exporter` to the node at `target`: first has it prove itself on
+// the connection (rpc/prove.h; the key target.public_key when given, the
+// model, range and recipe of `self`), then offers it over the target's KV
+// transfer port, falling back to the ImportSession stream when the target has
+// no port or the port fails; every call carries a peer proof, never
+// options.auth_token itself. Throws meshnet::Error with the target's reason
+// when it refuses (kPermissionDenied when it fails its proof). Returns the
 // bytes of KV sent.
-int64_t PushSession(node::SessionExporter& exporter, const std::string& target,
-                    const ClientOptions& options);
+int64_t PushSession(node::SessionExporter& exporter, const DrainTarget& target,
+                    const node::ShardInfo& self, const ClientOptions& options);
 
 }  // namespace meshnet::rpc

@@ -105,7 +105,7 @@ void NodeService::ImportSession(const std::function<bool(pb::SessionChunk*)>& re
   ServeImport(core_, read, response);
 }
 
-void NodeService::set_drain_hooks(ReplicaFinder finder, std::function<void()> on_drain) {
+void NodeService::set_drain_hooks(ReplicaFinder finder, std::function<void(bool)> on_drain) {
   MutexLock lock(&hooks_mu_);
   default_finder_ = std::move(finder);
   on_drain_ = std::move(on_drain);
@@ -113,7 +113,7 @@ void NodeService::set_drain_hooks(ReplicaFinder finder, std::function<void()> on
 
 void NodeService::Drain(const pb::DrainRequest& request, pb::DrainResponse* response) {
   DrainOptions o;
-  std::function<void()> on_drain;
+  std::function<void(bool)> on_drain;
   {
     MutexLock lock(&hooks_mu_);
     o.find_replicas = default_finder_;
@@ -123,7 +123,7 @@ void NodeService::Drain(const pb::DrainRequest& request, pb::DrainResponse* resp
     o.find_replicas = StaticReplicas(
         std::vector<std::string>(request.targets().begin(), request.targets().end()));
   }
-  if (on_drain) on_drain();
+  if (on_drain) on_drain(true);
   o.client = peers_;
   o.deadline_s = peers_.timeout_s;
   const DrainReport r = DrainSessions(core_, o);
@@ -133,6 +133,17 @@ void NodeService::Drain(const pb::DrainRequest& request, pb::DrainResponse* resp
   response->set_bytes_moved(r.bytes_moved);
   response->set_seconds(r.seconds);
   for (const auto& n : r.notes) response->add_notes(n);
+}
+
+bool NodeService::Undrain() {
+  std::function<void(bool)> on_drain;
+  {
+    MutexLock lock(&hooks_mu_);
+    on_drain = on_drain_;
+  }
+  const bool was = core_.StopDraining();
+  if (on_drain) on_drain(false);
+  return was;
 }
 
 }  // namespace meshnet::rpc

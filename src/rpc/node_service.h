@@ -42,11 +42,14 @@ class NodeService {
                      const std::function<bool(const pb::SessionChunk&)>& write);
   void ImportSession(const std::function<bool(pb::SessionChunk*)>& read,
                      pb::ImportSessionResponse* response);
-  // Drains to the request's targets, reached with `peers` (set_peer_options);
-  // with none, to the replicas the drain hooks' finder names. The hooks'
-  // on_drain runs first (e.g. marks this node draining in its registry).
+  // Drains to the request's targets (each proven before anything is sent,
+  // rpc/migrate.h), reached with `peers` (set_peer_options); with none, to
+  // the replicas the drain hooks' finder names. The hooks' on_drain(true)
+  // runs first (e.g. marks this node draining in its registry).
   void Drain(const pb::DrainRequest& request, pb::DrainResponse* response);
-  void set_drain_hooks(ReplicaFinder finder, std::function<void()> on_drain);
+  // Takes new sessions again (on_drain(false) first); whether it drained.
+  bool Undrain();
+  void set_drain_hooks(ReplicaFinder finder, std::function<void(bool)> on_drain);
   void set_peer_options(const ClientOptions& peers) { peers_ = peers; }
   const ClientOptions& peer_options() const { return peers_; }
 
@@ -62,7 +65,7 @@ class NodeService {
   ClientOptions peers_;
   mutable Mutex hooks_mu_;  // the hooks are set while the node serves
   ReplicaFinder default_finder_ GUARDED_BY(hooks_mu_);
-  std::function<void()> on_drain_ GUARDED_BY(hooks_mu_);
+  std::function<void(bool)> on_drain_ GUARDED_BY(hooks_mu_);
 };
 
 }  // namespace meshnet::rpc

@@ -85,6 +85,11 @@ void NodeServerOptions::Validate() const {
   if (max_message_bytes < 0 || max_message_bytes > (int64_t{1} << 31) - 1) {
     ThrowInvalidArgument("--max-message-bytes must be in 0..2147483647");
   }
+  if (!admin_token.empty() && admin_token == auth_token) {
+    ThrowInvalidArgument(
+        "--admin-token must differ from the cluster token (every node and client holds that "
+        "one)");
+  }
   if (max_streams < 0) ThrowInvalidArgument("max streams must be >= 0");
   if (max_calls_per_peer < 1) ThrowInvalidArgument("max calls per peer must be >= 1");
   if (max_new_sessions_per_minute < 1 || max_new_sessions_per_minute > 1000000) {

@@ -75,9 +75,15 @@ bool IsLoopbackListen(const std::string& listen);
 
 // A node's server side (meshnet serve).
 struct NodeServerOptions {
-  std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
-  std::string metrics_listen;               // host:port of /metrics; empty: no exposer
-  std::string auth_token;                   // empty: no cluster token required
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  std::string metrics_listen;          // host:port of /metrics; empty: no exposer
+  std::string auth_token;              // empty: no cluster token required
+  // The operator's credential for Drain/Undrain (never the cluster token;
+  // Validate refuses the same value). Empty: admin calls are refused.
+  std::string admin_token;
+  // PEM file of the node's Ed25519 key (created on first use); empty: a
+  // fresh key per process.
+  std::string node_key_file;
   std::string tls_cert;                     // server certificate chain (PEM); enables TLS
   std::string tls_key;                      // its private key (PEM)
   std::string tls_ca;                       // if set: require client certificates signed by it

@@ -49,20 +49,21 @@ RemoteRegistry::~RemoteRegistry() = default;
 
 std::string RemoteRegistry::name() const { return impl_->address; }
 
-registry::LeaseId RemoteRegistry::Announce(const registry::NodeRecord& record, double ttl_s) {
+registry::Lease RemoteRegistry::Announce(const registry::NodeRecord& record, double ttl_s) {
   pb::RegistryAnnounceRequest req;
   EncodeRecord(record, req.mutable_record());
   req.set_ttl_s(ttl_s);
-  // The registry calls the node's Info before it answers: allow for that.
-  return impl_
-      ->Call<pb::RegistryAnnounceRequest, pb::RegistryAnnounceResponse>(
-          &pb::Registry::Stub::Announce, req, "Announce", 2 * impl_->options.info_timeout_s + 1)
-      .lease();
+  // The registry has the node prove itself before it answers: allow for that.
+  const auto resp = impl_->Call<pb::RegistryAnnounceRequest, pb::RegistryAnnounceResponse>(
+      &pb::Registry::Stub::Announce, req, "Announce", 2 * impl_->options.info_timeout_s + 1);
+  return registry::Lease{resp.lease(), resp.lease_secret(),
+                         resp.ttl_s() > 0 ? resp.ttl_s() : ttl_s};
 }
 
-bool RemoteRegistry::Renew(registry::LeaseId lease, const registry::NodeRecord& record) {
+bool RemoteRegistry::Renew(const registry::Lease& lease, const registry::NodeRecord& record) {
   pb::RegistryRenewRequest req;
-  req.set_lease(lease);
+  req.set_lease(lease.id);
+  req.set_lease_secret(lease.secret);
   EncodeRecord(record, req.mutable_record());
   return impl_
       ->Call<pb::RegistryRenewRequest, pb::RegistryRenewResponse>(
@@ -70,9 +71,10 @@ bool RemoteRegistry::Renew(registry::LeaseId lease, const registry::NodeRecord& 
       .renewed();
 }
 
-void RemoteRegistry::Withdraw(registry::LeaseId lease) {
+void RemoteRegistry::Withdraw(const registry::Lease& lease) {
   pb::RegistryWithdrawRequest req;
-  req.set_lease(lease);
+  req.set_lease(lease.id);
+  req.set_lease_secret(lease.secret);
   impl_->Call<pb::RegistryWithdrawRequest, pb::RegistryWithdrawResponse>(
       &pb::Registry::Stub::Withdraw, req, "Withdraw", impl_->options.info_timeout_s);
 }
@@ -98,16 +100,6 @@ int64_t RemoteRegistry::WaitForChange(int64_t since, double timeout_s) {
                                                                 req, "WaitForChange",
                                                                 t + impl_->options.info_timeout_s)
       .revision();
-}
-
-bool RemoteRegistry::SetDraining(const std::string& address, bool draining) {
-  pb::RegistrySetDrainingRequest req;
-  req.set_address(address);
-  req.set_draining(draining);
-  return impl_
-      ->Call<pb::RegistrySetDrainingRequest, pb::RegistrySetDrainingResponse>(
-          &pb::Registry::Stub::SetDraining, req, "SetDraining", impl_->options.info_timeout_s)
-      .found();
 }
 
 std::unique_ptr<registry::Registry> OpenRegistry(const std::string& spec,

@@ -29,12 +29,11 @@ class RemoteRegistry final : public registry::Registry {
   ~RemoteRegistry() override;
 
   std::string name() const override;
-  registry::LeaseId Announce(const registry::NodeRecord& record, double ttl_s) override;
-  bool Renew(registry::LeaseId lease, const registry::NodeRecord& record) override;
-  void Withdraw(registry::LeaseId lease) override;
+  registry::Lease Announce(const registry::NodeRecord& record, double ttl_s) override;
+  bool Renew(const registry::Lease& lease, const registry::NodeRecord& record) override;
+  void Withdraw(const registry::Lease& lease) override;
   registry::Snapshot List(const std::string& model_id = "") override;
   int64_t WaitForChange(int64_t since, double timeout_s) override;
-  bool SetDraining(const std::string& address, bool draining) override;
 
  private:
   struct Impl;

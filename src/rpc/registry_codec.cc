@@ -18,6 +18,9 @@ void EncodeRecord(const registry::NodeRecord& r, pb::RegistryNodeRecord* out) {
   out->set_version(r.version);
   out->set_instance_id(r.instance_id);
   out->set_draining(r.draining);
+  out->set_public_key(r.public_key);
+  out->set_signature(r.signature);
+  out->set_signed_at_ms(r.signed_at_ms);
 }
 
 registry::NodeRecord DecodeRecord(const pb::RegistryNodeRecord& p) {
@@ -37,6 +40,9 @@ registry::NodeRecord DecodeRecord(const pb::RegistryNodeRecord& p) {
   r.version = p.version();
   r.instance_id = p.instance_id();
   r.draining = p.draining();
+  r.public_key = p.public_key();
+  r.signature = p.signature();
+  r.signed_at_ms = p.signed_at_ms();
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include "mesh/cohort_carrier.h"
 #include "mesh/route_planner.h"
 #include "rpc/client_log.h"
+#include "rpc/prove.h"
 #include "rpc/remote.h"
 #include "util/error.h"
 #include "util/mutex.h"
@@ -32,10 +33,13 @@ struct Rtt {
   std::string why;  // when !ok
 };
 
-// Times one Info call and checks the node serves what its record says.
-Rtt Measure(RemoteEndpoint& ep, const registry::NodeRecord& r) {
+// Has the node prove it holds its record's key at its address (and, with a
+// token, that it knows the token: rpc/prove.h), then times one Info call and
+// checks the node serves what its record says.
+Rtt Measure(RemoteEndpoint& ep, const registry::NodeRecord& r, const ClientOptions& client) {
   Rtt out;
   try {
+    ProveNode(r.address, client, r.public_key);
     ep.InfoFull();  // (re)connects: not part of the round trip
     const auto t0 = std::chrono::steady_clock::now();
     const NodeInfo info = ep.InfoFull();
@@ -143,8 +147,8 @@ std::vector<registry::NodeRecord> RegistryRouteProvider::Impl::Usable(
   }
   std::vector<std::future<Rtt>> measured;  // in parallel, no lock held
   for (auto& [i, ep] : stale) {
-    measured.push_back(
-        std::async(std::launch::async, [ep = ep, r = live[i]] { return Measure(*ep, r); }));
+    measured.push_back(std::async(
+        std::launch::async, [ep = ep, r = live[i], c = client] { return Measure(*ep, r, c); }));
   }
   MutexLock lock(&mu);
   for (size_t k = 0; k < stale.size(); ++k) {

@@ -3,10 +3,20 @@
 // `meshnet registry` and `meshnet serve --registry-listen`. No gRPC types here.
 //
 // Security is the nodes': the cluster token on every call and TLS (mutual
-// with tls_ca). With verify_nodes, an announcement is accepted only after the
-// registry called the announced address's Info (with `node_client`'s token and
-// TLS) and found the same model identity, layer range, layer count, KV recipe
-// and instance id; otherwise the caller gets PERMISSION_DENIED.
+// with tls_ca). Records must be signed by their node key, and Renew and
+// Withdraw must present the lease secret Announce gave (registry/registry.h).
+// With verify_nodes, an announcement is accepted only after the announced
+// address proved (rpc/prove.h: no token is sent to it) that it holds the
+// record's key, answers to that address, serves the same model, layer range,
+// layer count, KV recipe and instance, and, with a token, knows the token;
+// the record's load fields are then taken from that answer. Otherwise the
+// caller gets PERMISSION_DENIED.
+//
+// Announcements are verified off the gRPC handler threads: at most
+// max_verifying at once and max_verifying_per_peer per caller address (more
+// get RESOURCE_EXHAUSTED at once), so callers announcing addresses that
+// never answer cannot take the threads heartbeats need. Long polls
+// (WaitForChange) are limited to max_waits_per_peer per caller address.
 //
 // Thread-safety: Start/Shutdown from one thread; registry() from any.
 #pragma once
@@ -19,6 +29,8 @@
 
 namespace meshnet::rpc {
 
+class NodeServer;
+
 struct RegistryServerOptions {
   std::string listen = "127.0.0.1:0";
   std::string auth_token;  // empty: none required
@@ -27,8 +39,11 @@ struct RegistryServerOptions {
   std::string tls_ca;     // require client certificates signed by it
   bool insecure = false;  // allow a non-loopback listen without token or client certificates
   bool verify_nodes = true;
-  ClientOptions node_client;  // how the registry reaches nodes to verify them
+  ClientOptions node_client;  // how the registry reaches nodes to verify them (token: never sent)
   int max_rpc_threads = 64;
+  int max_verifying = 4;
+  int max_verifying_per_peer = 2;
+  int max_waits_per_peer = 8;
 
   void Validate() const;
 };
@@ -44,6 +59,8 @@ class RegistryServer {
   void Start();
   std::string bound_address() const;
   registry::MemoryRegistry& registry();
+  // Announcements refused because too many were being verified.
+  int64_t announces_refused() const;
   // Stops serving (waiting long polls are cancelled). Idempotent.
   void Shutdown();
 
@@ -52,13 +69,16 @@ class RegistryServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// What the registry checks of an announcement: the node's Info (as
-// `node_client` sees it) must match the record. Throws kPermissionDenied
-// naming the difference, kUnavailable when the node cannot be reached.
-void VerifyAnnouncement(const registry::NodeRecord& record, const ClientOptions& node_client);
+// What the registry checks of an announcement (see above) with `node_client`
+// (its TLS; its token only checks the node's member proof). Returns the
+// record to store, load fields from the node's answer. Throws
+// kPermissionDenied naming the difference, kUnavailable when the node cannot
+// be reached.
+registry::NodeRecord VerifyAnnouncement(const registry::NodeRecord& record,
+                                        const ClientOptions& node_client);
 
-class NodeServer;
-// What a serving node announces: its bound address, Info, load and free KV.
-registry::NodeRecord NodeRecordOf(const NodeServer& server);
+// What a serving node announces: its canonical bound address, Info, load,
+// free KV and `draining`, signed with its node key.
+registry::NodeRecord NodeRecordOf(const NodeServer& server, bool draining = false);
 
 }  // namespace meshnet::rpc

@@ -3,7 +3,14 @@
 // node's Info, and the Announcer keeping a real node registered.
 #include "rpc/registry_server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
 
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
@@ -12,6 +19,7 @@
 #include "rpc/registry_client.h"
 #include "rpc/server.h"
 #include "rpc/test_util.h"
+#include "util/signing_key.h"
 
 namespace meshnet::rpc {
 namespace {
@@ -33,6 +41,7 @@ struct GrpcBackend {
     return std::make_unique<RemoteRegistry>(server->bound_address(), ClientOptions{});
   }
   double MinTtl() { return 1.0; }
+  bool LeaseSecrets() { return true; }
 };
 
 }  // namespace
@@ -81,6 +90,7 @@ TEST(RegistryServer, RefusesAnAnnouncementTheNodeDoesNotBackUp) {
                    +[](NodeRecord& r) { r.instance_id = "someone-else"; }}) {
     NodeRecord r = honest;
     lie(r);
+    registry::SignRecord(node.server->node_key(), &r);  // even the node's own key cannot lie
     try {
       client.Announce(r, 30);
       ADD_FAILURE() << "accepted " << registry::ToJson(r).dump();
@@ -90,6 +100,7 @@ TEST(RegistryServer, RefusesAnAnnouncementTheNodeDoesNotBackUp) {
   }
   NodeRecord nobody = honest;
   nobody.address = "127.0.0.1:1";  // nothing listens there
+  registry::SignRecord(node.server->node_key(), &nobody);
   EXPECT_THROW(client.Announce(nobody, 30), Error);
   const auto listed = client.List().nodes;
   ASSERT_EQ(listed.size(), 1u);
@@ -122,7 +133,7 @@ TEST(Announcer, KeepsANodeRegisteredAndWithdrawsOnStop) {
   reg.Start();
   RemoteRegistry client(reg.bound_address(), ClientOptions{});
   registry::Announcer a(
-      &client, [&] { return NodeRecordOf(*node.server); }, 1.0);
+      &client, [&](bool draining) { return NodeRecordOf(*node.server, draining); }, 1.0);
   a.Start();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t rev = 0;
@@ -135,12 +146,10 @@ TEST(Announcer, KeepsANodeRegisteredAndWithdrawsOnStop) {
   while (Since(t1) < 3.0) reg.registry().WaitForChange(1 << 30, 3.0 - Since(t1));
   EXPECT_EQ(reg.registry().List().nodes.size(), 1u);
   EXPECT_EQ(a.announcements(), 1);
-  a.SetDraining(true);
-  const auto t2 = std::chrono::steady_clock::now();
-  while (!reg.registry().List().nodes[0].draining && Since(t2) < 5) {
-    reg.registry().WaitForChange(reg.registry().List().revision, 1.0);
-  }
+  EXPECT_TRUE(a.SetDraining(true));  // waits for its heartbeat
   EXPECT_TRUE(reg.registry().List().nodes[0].draining);
+  EXPECT_TRUE(a.SetDraining(false));
+  EXPECT_FALSE(reg.registry().List().nodes[0].draining);
   a.Stop();
   EXPECT_TRUE(reg.registry().List().nodes.empty());
 }
@@ -151,6 +160,129 @@ TEST(OpenRegistry, PicksTheBackendFromTheSpec) {
   for (const char* bad : {"http://a:1", "a", "a:1,b:2", "a:99999"}) {
     EXPECT_THROW(OpenRegistry(bad, {}), Error) << bad;
   }
+}
+
+}  // namespace
+}  // namespace meshnet::rpc
+
+namespace meshnet::rpc {
+namespace {
+
+// A listener that takes TCP connections and never says a word: a verifying
+// call to it waits for its whole deadline.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 512) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("silent listener");
+    }
+    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~SilentListener() { close(fd_); }
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+// HIGH 2: a host that replays a real node's words (its Info, its signed
+// record) is not the node. A record naming the real node's address but
+// another key, a record of the real key under another address (the
+// replaying host's own, or an alias of the node's), and announced load the
+// node does not report are all refused or corrected.
+TEST(RegistryServer, OnlyTheKeyHolderAtItsOwnAddressIsListed) {
+  OneNode node;
+  RegistryServer reg(RegistryServerOptions{});
+  reg.Start();
+  RemoteRegistry client(reg.bound_address(), ClientOptions{});
+  const NodeRecord honest = NodeRecordOf(*node.server);
+  const SigningKey impostor = SigningKey::Generate();
+  auto refused = [&](NodeRecord r, ErrorKind kind, const std::string& what) {
+    try {
+      client.Announce(r, 30);
+      ADD_FAILURE() << what << ": accepted " << registry::ToJson(r).dump();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), kind) << what << ": " << e.what();
+    }
+  };
+  NodeRecord stolen_address = honest;  // the real node's identity, the impostor's key
+  registry::SignRecord(impostor, &stolen_address);
+  refused(stolen_address, ErrorKind::kPermissionDenied, "another key at the node's address");
+  const std::string port = honest.address.substr(honest.address.rfind(':') + 1);
+  NodeRecord alias = honest;
+  alias.address = "localhost:" + port;  // a name of the same socket
+  registry::SignRecord(node.server->node_key(), &alias);
+  refused(alias, ErrorKind::kPermissionDenied, "localhost alias");
+  for (const std::string& spelling :
+       {"ipv4:127.0.0.1:" + port, "[::ffff:127.0.0.1]:" + port, "0.0.0.0:" + port,
+        "127.0.0.1:0" + port, "LOCALHOST:" + port}) {
+    NodeRecord r = honest;
+    r.address = spelling;
+    registry::SignRecord(node.server->node_key(), &r);
+    refused(r, ErrorKind::kInvalidArgument, spelling);
+  }
+  EXPECT_TRUE(client.List().nodes.empty());
+  NodeRecord boastful = honest;
+  boastful.kv_bytes_free = int64_t{1} << 40;  // load is not signed: taken from the node
+  client.Announce(boastful, 86400);
+  const auto listed = client.List().nodes;
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].kv_bytes_free, node.server->Info().shard.kv_bytes_free);
+  EXPECT_EQ(listed[0].public_key, node.server->node_key().public_key());
+}
+
+// HIGH 4: callers announcing an address that accepts TCP and never answers
+// hold no handler thread: beyond a few verifications at once they are
+// refused at once, and the nodes' heartbeats and lists go on meanwhile.
+TEST(RegistryServer, AnnounceFloodsDoNotStopHeartbeats) {
+  OneNode node;
+  SilentListener silent;
+  RegistryServerOptions o;
+  o.max_rpc_threads = 16;  // fewer handler threads than flooders
+  RegistryServer reg(o);
+  reg.Start();
+  ClientOptions co;
+  co.info_timeout_s = 3.0;
+  RemoteRegistry client(reg.bound_address(), co);
+  const registry::Lease lease = client.Announce(NodeRecordOf(*node.server), 30);
+  NodeRecord fake = NodeRecordOf(*node.server);
+  fake.address = silent.address();
+  const SigningKey k = SigningKey::Generate();
+  registry::SignRecord(k, &fake);
+  constexpr int kFlooders = 48;
+  std::atomic<int> exhausted{0}, done{0};
+  std::vector<std::thread> flood;
+  for (int i = 0; i < kFlooders; ++i) {
+    flood.emplace_back([&] {
+      RemoteRegistry attacker(reg.bound_address(), co);
+      for (int j = 0; j < 3; ++j) {
+        try {
+          attacker.Announce(fake, 30);
+        } catch (const Error& e) {
+          if (e.kind() == ErrorKind::kResourceExhausted) ++exhausted;
+        }
+      }
+      ++done;
+    });
+  }
+  int renewed = 0;
+  while (done.load() < kFlooders) {
+    EXPECT_TRUE(client.Renew(lease, NodeRecordOf(*node.server))) << "heartbeat refused";
+    EXPECT_EQ(client.List().nodes.size(), 1u);
+    ++renewed;
+    reg.registry().WaitForChange(1 << 30, 0.1);  // a bounded pause between heartbeats
+  }
+  for (auto& t : flood) t.join();
+  EXPECT_GT(renewed, 0);
+  EXPECT_GT(exhausted.load(), 0);
+  EXPECT_EQ(reg.announces_refused(), exhausted.load());
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "rpc/metrics.h"
 #include "rpc/migrate.h"
 #include "rpc/node_service.h"
+#include "rpc/prove.h"
 #include "rpc/server_auth.h"
 #include "rpc/server_limits.h"
 #include "rpc/server_trim.h"
@@ -38,14 +39,19 @@
 #include "shard/step_cancel.h"
 #include "util/error.h"
 #include "util/fanout.h"
+#include "util/host_port.h"
 #include "util/mutex.h"
 #include "util/secret.h"
+#include "util/signing_key.h"
 
 namespace meshnet::rpc {
 
 namespace {
 
 constexpr int kMetricsThreads = 8;
+constexpr std::string_view kDataPath = "/meshnet.v1.MeshNode/Step";
+constexpr std::string_view kImportPath = "/meshnet.v1.MeshNode/ImportSession";
+constexpr std::string_view kAdminPath = "/meshnet.v1.MeshNode/Drain";
 constexpr int kMetricsRequestTimeoutMs = 3000;
 
 // "host:port" -> host ("[::1]:0" -> "[::1]").
@@ -111,9 +117,11 @@ class PeerLimits {
 
 class MeshNodeService final : public pb::MeshNode::Service {
  public:
-  MeshNodeService(NodeService* core, const NodeServerOptions& o)
+  MeshNodeService(NodeService* core, const NodeServerOptions& o, const SigningKey* key,
+                  std::shared_ptr<const TokenGate> gate)
       : core_(core),
-        token_digest_(o.auth_token.empty() ? "" : SecretDigest(BearerValue(o.auth_token))),
+        key_(key),
+        gate_(std::move(gate)),
         peers_(o.max_calls_per_peer),
         session_rate_(o.max_new_sessions_per_minute),
         max_streams_(o.max_streams),
@@ -121,7 +129,37 @@ class MeshNodeService final : public pb::MeshNode::Service {
 
   grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
                     pb::InfoResponse* out) override {
-    return Run(ctx, [&] { core_->Info(out); });
+    return Run(ctx, [&] {
+      core_->Info(out);
+      out->set_public_key(key_->public_key());
+      out->set_address(address_);
+    });
+  }
+
+  // Open to every caller: answers a challenge with the node's signed identity
+  // (rpc/prove.h). Under the caller's per-peer call limit.
+  grpc::Status Prove(grpc::ServerContext* ctx, const pb::ProveRequest* req,
+                     pb::ProveResponse* out) override {
+    return RunToStatus(ctx, "call_failed", /*info=*/false, [&] {
+      if (req->challenge().size() < 16 || req->challenge().size() > 64) {
+        ThrowInvalidArgument("a challenge holds 16..64 bytes");
+      }
+      if (address_.empty()) {
+        throw Error(ErrorKind::kUnavailable,
+                    "this node listens on an address that names no host (0.0.0.0, [::]): it "
+                    "cannot prove an address");
+      }
+      PeerLimits::Slot slot(&peers_, PeerKey(*ctx));
+      pb::InfoResponse* info = out->mutable_info();
+      core_->Info(info);
+      info->set_public_key(key_->public_key());
+      info->set_address(address_);
+      out->set_signature(key_->Sign(ProveSignedText(req->challenge(), *info)));
+      if (!gate_->token_digest().empty()) {
+        out->set_member_proof(
+            MemberProof(gate_->token_digest(), req->challenge(), key_->public_key()));
+      }
+    });
   }
 
   grpc::Status Step(grpc::ServerContext* ctx, const pb::StepRequest* req,
@@ -293,18 +331,33 @@ class MeshNodeService final : public pb::MeshNode::Service {
     });
   }
 
+  // A pusher that could not use the transfer port streams here instead: its
+  // offer there (same session) is dropped first, so the two do not collide.
   grpc::Status ImportSession(grpc::ServerContext* ctx, grpc::ServerReader<pb::SessionChunk>* reader,
                              pb::ImportSessionResponse* out) override {
-    return Run(ctx, [&] {
-      PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
-      shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
-      core_->ImportSession([&](pb::SessionChunk* m) { return reader->Read(m); }, out);
-    });
+    return Run(
+        ctx,
+        [&] {
+          PeerLimits::Slot slot(&peers_, PeerHost(ctx->peer()));
+          shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+          bool first = true;
+          core_->ImportSession(
+              [&](pb::SessionChunk* m) {
+                if (!reader->Read(m)) return false;
+                if (first && m->has_header() && kv_transfer_ != nullptr) {
+                  kv_transfer_->DropOffers(m->header().session_id());
+                }
+                first = false;
+                return true;
+              },
+              out);
+        },
+        /*check_token=*/true, kImportPath);
   }
 
   grpc::Status OfferImport(grpc::ServerContext* ctx, const pb::OfferImportRequest* req,
                            pb::OfferImportResponse* out) override {
-    if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+    if (grpc::Status s = CheckToken(ctx, kImportPath); !s.ok()) return s;
     if (kv_transfer_ == nullptr) {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                           "this node has no KV transfer port (TLS, or --kv-transfer-port -1): "
@@ -325,10 +378,18 @@ class MeshNodeService final : public pb::MeshNode::Service {
 
   // Set before the server starts (never changed while it serves).
   void set_kv_transfer(KvTransferListener* listener) { kv_transfer_ = listener; }
+  void set_address(std::string canonical) { address_ = std::move(canonical); }
 
   grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req,
                      pb::DrainResponse* out) override {
-    return Run(ctx, [&] { core_->Drain(*req, out); });
+    return Run(
+        ctx, [&] { core_->Drain(*req, out); }, /*check_token=*/true, kAdminPath);
+  }
+
+  grpc::Status Undrain(grpc::ServerContext* ctx, const pb::UndrainRequest*,
+                       pb::UndrainResponse* out) override {
+    return Run(
+        ctx, [&] { out->set_was_draining(core_->Undrain()); }, /*check_token=*/true, kAdminPath);
   }
 
  private:
@@ -366,26 +427,32 @@ class MeshNodeService final : public pb::MeshNode::Service {
  private:
   // The credentials' TokenGate refused tokenless calls before their bodies
   // were read; this second check keeps the handlers safe on their own.
-  grpc::Status CheckToken(grpc::ServerContext* ctx) const {
+  grpc::Status CheckToken(grpc::ServerContext* ctx, std::string_view path = kDataPath) const {
     // Digest comparison: constant time in the token's content and length.
-    if (!PresentsToken(*ctx, token_digest_)) {
+    if (!gate_->Admits(path, *ctx)) {
       core_->counters().CountError(ErrorKind::kPermissionDenied);
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token");
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          path == kAdminPath
+                              ? "admin calls need the node's --admin-token (none set: refused)"
+                              : "missing or wrong cluster token");
     }
     return grpc::Status::OK;
   }
 
   template <typename F>
-  grpc::Status Run(grpc::ServerContext* ctx, F&& body, bool check_token = true) {
+  grpc::Status Run(grpc::ServerContext* ctx, F&& body, bool check_token = true,
+                   std::string_view path = kDataPath) {
     if (check_token) {
-      if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
+      if (grpc::Status s = CheckToken(ctx, path); !s.ok()) return s;
     }
     return RunToStatus(ctx, "call_failed", /*info=*/false, body);
   }
 
   NodeService* core_;
+  const SigningKey* key_;
+  std::shared_ptr<const TokenGate> gate_;
   KvTransferListener* kv_transfer_ = nullptr;
-  std::string token_digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
+  std::string address_;  // canonical bound address; empty when it names no host
   PeerLimits peers_;
   SessionRateLimiter session_rate_;
   const int max_streams_;
@@ -407,6 +474,10 @@ int64_t ShardMessageBytes(const node::Node& node) {
 struct NodeServer::Impl {
   NodeServerOptions options;
   NodeService node_service;
+  SigningKey key;
+  // Every call's credential is checked on its metadata before its message is
+  // read (rpc/server_auth.h); the handlers check it again.
+  std::shared_ptr<const TokenGate> gate;
   MeshNodeService service;
   std::shared_ptr<NodeMetrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -421,7 +492,14 @@ struct NodeServer::Impl {
       : options(std::move(opts)),
         node_service(node, node::NodeCoreOptions{options.max_bindings, options.replay_cache_bytes,
                                                  options.admission}),
-        service(&node_service, options),
+        key(options.node_key_file.empty() ? SigningKey::Generate()
+                                          : SigningKey::LoadOrCreate(options.node_key_file)),
+        gate(std::make_shared<const TokenGate>(options.auth_token, options.admin_token,
+                                               key.public_key(),
+                                               [c = &node_service.core().counters()] {
+                                                 c->CountError(ErrorKind::kPermissionDenied);
+                                               })),
+        service(&node_service, options, &key, gate),
         max_message_bytes(static_cast<int>(std::min<int64_t>(
             options.max_message_bytes > 0 ? options.max_message_bytes : ShardMessageBytes(*node),
             kMaxMessageBytes))) {}
@@ -459,7 +537,7 @@ DrainReport NodeServer::Drain(DrainOptions options) {
   return DrainSessions(impl_->node_service.core(), options);
 }
 
-void NodeServer::SetDrainHooks(ReplicaFinder finder, std::function<void()> on_drain) {
+void NodeServer::SetDrainHooks(ReplicaFinder finder, std::function<void(bool)> on_drain) {
   impl_->node_service.set_drain_hooks(std::move(finder), std::move(on_drain));
 }
 
@@ -471,12 +549,7 @@ NodeServer::~NodeServer() { Shutdown(0); }
 
 void NodeServer::Start() {
   Impl& m = *impl_;
-  // The token is checked on each call's metadata before its body is read
-  // (rpc/server_auth.h); the handlers check it again.
-  node::NodeCounters& counters = m.node_service.core().counters();
-  auto gate = std::make_shared<const TokenGate>(
-      m.options.auth_token, [&counters] { counters.CountError(ErrorKind::kPermissionDenied); });
-  std::shared_ptr<grpc::ServerCredentials> creds = NodeServerCredentials(m.options, gate);
+  std::shared_ptr<grpc::ServerCredentials> creds = NodeServerCredentials(m.options, m.gate);
 
   InstallHeapTrim();  // before the first grpc::Server of the process
   grpc::EnableDefaultHealthCheckService(true);
@@ -489,6 +562,11 @@ void NodeServer::Start() {
   m.server = StartListening(builder, m.options.listen, creds, m.options.max_rpc_threads,
                             "meshnet-node", " (address in use, or not host:port?)", &port);
   m.bound = HostOf(m.options.listen) + ":" + std::to_string(port);
+  try {
+    m.service.set_address(CanonicalHostPort(m.bound));
+  } catch (const Error& e) {
+    spdlog::warn("event=no_provable_address listen={} message=\"{}\"", m.bound, e.what());
+  }
   if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(true);
 
   if (!m.options.metrics_listen.empty()) {
@@ -523,7 +601,11 @@ void NodeServer::Start() {
 
 std::string NodeServer::bound_address() const { return impl_->bound; }
 std::string NodeServer::metrics_address() const { return impl_->metrics_bound; }
+int NodeServer::kv_transfer_port() const {
+  return impl_->kv_transfer ? impl_->kv_transfer->port() : 0;
+}
 std::string NodeServer::instance_id() const { return impl_->node_service.core().instance_id(); }
+const SigningKey& NodeServer::node_key() const { return impl_->key; }
 node::NodeInfo NodeServer::Info() const { return impl_->node_service.core().Info(); }
 int64_t NodeServer::steps_in_flight() const { return impl_->service.in_flight(); }
 const node::NodeCounters& NodeServer::counters() const {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "rpc/auth.h"
+#include "rpc/prove.h"
 #include "util/secret.h"
 
 namespace meshnet::rpc {
@@ -15,7 +16,12 @@ namespace meshnet::rpc {
 namespace {
 
 constexpr std::string_view kHealthPrefix = "/grpc.health.v1.Health/";
-constexpr char kRefused[] = "missing or wrong cluster token";
+constexpr std::string_view kProve = "/meshnet.v1.MeshNode/Prove";
+constexpr std::string_view kDrain = "/meshnet.v1.MeshNode/Drain";
+constexpr std::string_view kUndrain = "/meshnet.v1.MeshNode/Undrain";
+constexpr std::string_view kOfferImport = "/meshnet.v1.MeshNode/OfferImport";
+constexpr std::string_view kImportSession = "/meshnet.v1.MeshNode/ImportSession";
+constexpr char kRefused[] = "missing or wrong cluster token (admin calls: the admin token)";
 
 std::string_view View(const grpc_slice& s) {
   return {reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)), GRPC_SLICE_LENGTH(s)};
@@ -29,13 +35,14 @@ class GateProcessor final : public grpc::AuthMetadataProcessor {
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& md, grpc::AuthContext*, OutputMetadata*,
                        OutputMetadata*) override {
-    std::string_view path, authorization;
+    std::string_view path, authorization, proof;
     for (const auto& [key, value] : md) {
       const std::string_view k(key.data(), key.size());
       if (k == ":path") path = std::string_view(value.data(), value.size());
       if (k == "authorization") authorization = std::string_view(value.data(), value.size());
+      if (k == kPeerProofMetadata) proof = std::string_view(value.data(), value.size());
     }
-    return gate_->Check(path, authorization)
+    return gate_->Check(path, authorization, proof)
                ? grpc::Status::OK
                : grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kRefused);
   }
@@ -70,12 +77,13 @@ class PlaintextServerCredentials final : public grpc::ServerCredentials {
   static void Process(void* state, grpc_auth_context*, const grpc_metadata* md, size_t num_md,
                       grpc_process_auth_metadata_done_cb done, void* user_data) {
     const auto& gate = *static_cast<std::shared_ptr<const TokenGate>*>(state);
-    std::string_view path, authorization;
+    std::string_view path, authorization, proof;
     for (size_t i = 0; i < num_md; ++i) {
       if (View(md[i].key) == ":path") path = View(md[i].value);
       if (View(md[i].key) == "authorization") authorization = View(md[i].value);
+      if (View(md[i].key) == kPeerProofMetadata) proof = View(md[i].value);
     }
-    if (gate->Check(path, authorization)) {
+    if (gate->Check(path, authorization, proof)) {
       done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
     } else {
       done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, kRefused);
@@ -88,34 +96,56 @@ class PlaintextServerCredentials final : public grpc::ServerCredentials {
 
 }  // namespace
 
-TokenGate::TokenGate(std::string_view token, std::function<void()> on_reject)
+TokenGate::TokenGate(std::string_view token, std::string_view admin_token, std::string public_key,
+                     std::function<void()> on_reject)
     : digest_(token.empty() ? "" : SecretDigest(BearerValue(token))),
+      admin_digest_(admin_token.empty() ? "" : SecretDigest(BearerValue(admin_token))),
+      public_key_(std::move(public_key)),
       on_reject_(std::move(on_reject)) {}
 
-bool PresentsToken(const grpc::ServerContext& ctx, const std::string& digest) {
-  if (digest.empty()) return true;
+namespace {
+
+std::string_view Metadata(const grpc::ServerContextBase& ctx, const char* key) {
   const auto& md = ctx.client_metadata();
-  auto it = md.find("authorization");
-  const std::string_view presented =
-      it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
-  return SecretMatches(presented, digest);
+  auto it = md.find(key);
+  return it == md.end() ? std::string_view()
+                        : std::string_view(it->second.data(), it->second.size());
 }
 
-bool TokenGate::Admits(std::string_view path, std::string_view authorization) const {
-  if (digest_.empty() || path.substr(0, kHealthPrefix.size()) == kHealthPrefix) return true;
+}  // namespace
+
+bool PresentsToken(const grpc::ServerContextBase& ctx, const std::string& digest) {
+  if (digest.empty()) return true;
+  return SecretMatches(Metadata(ctx, "authorization"), digest);
+}
+
+bool TokenGate::Admits(std::string_view path, std::string_view authorization,
+                       std::string_view peer_proof) const {
+  if (path.substr(0, kHealthPrefix.size()) == kHealthPrefix || path == kProve) return true;
+  if (path == kDrain || path == kUndrain) {
+    return !admin_digest_.empty() && SecretMatches(authorization, admin_digest_);
+  }
+  if (digest_.empty()) return true;
   // Digest comparison: constant time in the token's content and length.
-  return SecretMatches(authorization, digest_);
+  if (SecretMatches(authorization, digest_)) return true;
+  return (path == kOfferImport || path == kImportSession) && !peer_proof.empty() &&
+         PeerProofValid(digest_, public_key_, peer_proof);
 }
 
-bool TokenGate::Check(std::string_view path, std::string_view authorization) const {
-  if (Admits(path, authorization)) return true;
+bool TokenGate::Check(std::string_view path, std::string_view authorization,
+                      std::string_view peer_proof) const {
+  if (Admits(path, authorization, peer_proof)) return true;
   if (on_reject_) on_reject_();
   return false;
 }
 
+bool TokenGate::Admits(std::string_view path, const grpc::ServerContext& ctx) const {
+  return Admits(path, Metadata(ctx, "authorization"), Metadata(ctx, kPeerProofMetadata));
+}
+
 std::shared_ptr<grpc::ServerCredentials> NodeServerCredentials(
     const NodeServerOptions& o, std::shared_ptr<const TokenGate> gate) {
-  const bool gated = gate && gate->required();
+  const bool gated = gate != nullptr;
   if (o.tls_cert.empty()) {
     if (!gated) return grpc::InsecureServerCredentials();
     return std::make_shared<PlaintextServerCredentials>(std::move(gate));

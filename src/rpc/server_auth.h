@@ -31,33 +31,50 @@
 
 namespace meshnet::rpc {
 
-// Admits a call whose "authorization" metadata carries the cluster token
-// (compared as SHA-256 digests in constant time), and health checks without it.
+// Which credential a call needs, by its method (":path"):
+//   * health checks and Prove: none (Prove is how a node is checked before
+//     it is trusted with a token);
+//   * Drain and Undrain: the admin token ("authorization: Bearer <admin>"),
+//     never the cluster token; without an admin token they are refused;
+//   * OfferImport and ImportSession: the cluster token, or a peer proof for
+//     this node's key ("meshnet-peer-proof", rpc/prove.h: what a draining
+//     node sends instead of its token);
+//   * everything else: the cluster token.
+// Tokens are compared as SHA-256 digests in constant time.
 class TokenGate {
  public:
-  // `token` empty: every call is admitted. `on_reject` runs for each refusal.
-  TokenGate(std::string_view token, std::function<void()> on_reject);
+  // `token` empty: no cluster token required. `admin_token` empty: admin
+  // calls refused. `public_key`: this node's key (peer proofs name it).
+  // `on_reject` runs for each refusal.
+  TokenGate(std::string_view token, std::string_view admin_token, std::string public_key,
+            std::function<void()> on_reject);
 
-  bool required() const { return !digest_.empty(); }
   // `path` is the call's ":path" ("/grpc.health.v1.Health/Check").
-  bool Admits(std::string_view path, std::string_view authorization) const;
+  bool Admits(std::string_view path, std::string_view authorization,
+              std::string_view peer_proof) const;
   // Admits(), calling on_reject when it does not.
-  bool Check(std::string_view path, std::string_view authorization) const;
+  bool Check(std::string_view path, std::string_view authorization,
+             std::string_view peer_proof) const;
+  // The handlers' own check, behind the credentials' gate.
+  bool Admits(std::string_view path, const grpc::ServerContext& ctx) const;
+  const std::string& token_digest() const { return digest_; }
 
  private:
-  std::string digest_;  // SHA-256 of "Bearer <token>"; empty: no token required
+  std::string digest_;        // SHA-256 of "Bearer <token>"; empty: no token required
+  std::string admin_digest_;  // SHA-256 of "Bearer <admin token>"; empty: admin refused
+  std::string public_key_;
   std::function<void()> on_reject_;
 };
 
 // Whether a call's "authorization" metadata carries the token whose digest
 // (SHA-256 of its BearerValue) is `digest`; true when `digest` is empty. The
 // handlers' own check, behind the credentials' gate.
-bool PresentsToken(const grpc::ServerContext& ctx, const std::string& digest);
+bool PresentsToken(const grpc::ServerContextBase& ctx, const std::string& digest);
 
 // The node's listening credentials: TLS when `o` names a certificate (client
 // certificates required when it names a CA), plaintext otherwise; with
-// `gate` (when it requires a token) checking every call's metadata before
-// its message is read. Throws Error(kInvalidArgument) for unreadable PEM.
+// `gate` checking every call's metadata before its message is read. Throws
+// Error(kInvalidArgument) for unreadable PEM.
 std::shared_ptr<grpc::ServerCredentials> NodeServerCredentials(
     const NodeServerOptions& o, std::shared_ptr<const TokenGate> gate);
 

@@ -29,6 +29,7 @@ namespace {
 using testing::NodeProcess;
 
 const std::string kModel = MESHNET_SHIPPED_MODEL;
+const std::string kAdmin = "admin-secret";  // every node's --admin-token
 constexpr int kMaxTokens = 48;
 constexpr int kPauseAt = 6;  // sessions pause after this many tokens while a node drains
 
@@ -91,7 +92,8 @@ class DrainProcessTest : public ::testing::Test {
   std::unique_ptr<NodeProcess> Start(const std::string& layers, std::vector<std::string> extra) {
     std::vector<std::string> args = {"--model",          kModel,        "--layers",       layers,
                                      "--threads",        "1",           "--max-sessions", "32",
-                                     "--metrics-listen", "127.0.0.1:0", "--grace",        "60"};
+                                     "--metrics-listen", "127.0.0.1:0", "--grace",        "60",
+                                     "--admin-token",    kAdmin};
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string log = dir_.file("node-" + std::to_string(++started_) + ".log");
     return std::make_unique<NodeProcess>(MESHNET_BINARY, args, log, /*expect_metrics=*/true);
@@ -249,7 +251,7 @@ TEST_F(DrainProcessTest, AdminDrainWithoutReplicaEndsSessionsAndClientsRePrefill
     }));
   }
   ASSERT_TRUE(gate.AllArrived());
-  const DrainReport r = RequestDrain(mid0_->address(), {}, Client());
+  const DrainReport r = RequestDrain(mid0_->address(), {}, Client(), kAdmin);
   gate.Open();
   EXPECT_EQ(r.sessions, 2);
   EXPECT_EQ(r.ended, 2);

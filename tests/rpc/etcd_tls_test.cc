@@ -27,6 +27,7 @@ struct EtcdTlsBackend {
         EtcdSecurity{pki.ca_cert, pki.client_cert, pki.client_key});
   }
   double MinTtl() { return 2.0; }
+  bool LeaseSecrets() { return false; }
 };
 
 INSTANTIATE_TYPED_TEST_SUITE_P(EtcdTls, RegistryContract, ::testing::Types<EtcdTlsBackend>);
@@ -43,7 +44,7 @@ TEST_F(EtcdTlsTest, TrustedClientAnnouncesAndLists) {
   MESHNET_REQUIRE_ETCD(server_);
   EtcdRegistry r(Address(), 5.0, {pki_.ca_cert, pki_.client_cert, pki_.client_key});
   EXPECT_EQ(r.name(), server_.url("/tls"));
-  const LeaseId lease = r.Announce(Rec("10.0.0.1:1", "m", 0, 4), 30);
+  const Lease lease = r.Announce(Rec("10.0.0.1:1", "m", 0, 4), 30);
   ASSERT_EQ(r.List("m").nodes.size(), 1u);
   r.Withdraw(lease);
   EXPECT_TRUE(r.List("m").nodes.empty());

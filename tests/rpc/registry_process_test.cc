@@ -37,6 +37,7 @@ using registry::testing::EtcdServer;
 using testing::NodeProcess;
 
 const std::string kModel = MESHNET_SHIPPED_MODEL;
+const std::string kAdmin = "admin-secret";                          // every node's --admin-token
 constexpr double kTtl = 2.0;                                        // --lease-ttl of the nodes
 const char* const kLayers[] = {"0-0", "1-1", "2-3", "2-3", "4-4"};  // two replicas of 2-3
 
@@ -94,7 +95,8 @@ class RegistryMeshTest : public ::testing::TestWithParam<bool> {
     const std::vector<std::string> args = {
         "--model",          kModel,        "--layers",   layers, "--listen",       "127.0.0.1:0",
         "--threads",        "1",           "--registry", spec_,  "--lease-ttl",    "2",
-        "--metrics-listen", "127.0.0.1:0", "--grace",    "60",   "--max-sessions", "32"};
+        "--metrics-listen", "127.0.0.1:0", "--grace",    "60",   "--max-sessions", "32",
+        "--admin-token",    kAdmin};
     return std::make_unique<NodeProcess>(MESHNET_BINARY, args,
                                          dir_.file("node-" + std::to_string(++started_) + ".log"),
                                          /*expect_metrics=*/true);
@@ -365,7 +367,7 @@ void RegistryMeshTest::DrainAReplicaMidGeneration(bool by_signal) {
     stopper = std::thread([&] { status = drained.Stop(SIGTERM, 120); });
     EXPECT_TRUE(WaitDrained(drained, on_drained)) << drained.Log();
   } else {
-    const DrainReport r = RequestDrain(drained.address(), {}, Client());
+    const DrainReport r = RequestDrain(drained.address(), {}, Client(), kAdmin);
     std::string notes;
     for (const auto& n : r.notes) notes += n + "\n";
     EXPECT_EQ(r.sessions, on_drained);
@@ -434,7 +436,7 @@ TEST_P(RegistryMeshTest, StatusListsNodesRangesAndRoutesAndShowsADrain) {
   EXPECT_EQ(m["route_count"], 2);
   for (const auto& route : m["routes"]) EXPECT_EQ(route.size(), 4u) << route.dump();
 
-  const DrainReport r = RequestDrain(nodes_[2]->address(), {}, Client());
+  const DrainReport r = RequestDrain(nodes_[2]->address(), {}, Client(), kAdmin);
   EXPECT_EQ(r.sessions, 0);
   const std::string after = status("text");
   const size_t at = after.find(nodes_[2]->address() + " ");
