@@ -16,6 +16,7 @@
 #include "mesh/in_process.h"
 #include "registry/announcer.h"
 #include "registry/registry_contract.h"
+#include "registry/status_http.h"
 #include "rpc/registry_client.h"
 #include "rpc/server.h"
 #include "rpc/test_util.h"
@@ -59,11 +60,15 @@ using node::ShippedFile;
 
 // One in-process node (layers 0-1 of the shipped model) served over gRPC.
 struct OneNode {
-  explicit OneNode(const std::string& token = "") : mesh(ShippedFile(), Options(), nullptr) {
-    NodeServerOptions o;
-    o.auth_token = token;
+  explicit OneNode(const std::string& token = "") : OneNode(WithToken(token)) {}
+  explicit OneNode(const NodeServerOptions& o) : mesh(ShippedFile(), Options(), nullptr) {
     server = std::make_unique<NodeServer>(&mesh.node(0), o);
     server->Start();
+  }
+  static NodeServerOptions WithToken(const std::string& token) {
+    NodeServerOptions o;
+    o.auth_token = token;
+    return o;
   }
   static mesh::InProcessMeshOptions Options() {
     mesh::InProcessMeshOptions mo;
@@ -283,6 +288,92 @@ TEST(RegistryServer, AnnounceFloodsDoNotStopHeartbeats) {
   EXPECT_GT(renewed, 0);
   EXPECT_GT(exhausted.load(), 0);
   EXPECT_EQ(reg.announces_refused(), exhausted.load());
+}
+
+// The registry's own TLS listener, with client certificates: a client with
+// the cluster's CA and certificate announces (the registry reaching the node
+// over mutual TLS too) and lists; one without a certificate, or speaking
+// plaintext, gets nothing.
+TEST(RegistryServer, ServesOverMutualTls) {
+  testing::ScratchDir dir;
+  const testing::TestPki pki = testing::MakeTestPki(dir);
+  NodeServerOptions no;
+  no.tls_cert = pki.server_cert;
+  no.tls_key = pki.server_key;
+  no.tls_ca = pki.ca_cert;
+  OneNode node(no);
+  ClientOptions mtls;
+  mtls.tls_ca = pki.ca_cert;
+  mtls.tls_cert = pki.client_cert;
+  mtls.tls_key = pki.client_key;
+  RegistryServerOptions o;
+  o.tls_cert = pki.server_cert;
+  o.tls_key = pki.server_key;
+  o.tls_ca = pki.ca_cert;
+  o.node_client = mtls;
+  RegistryServer reg(o);
+  reg.Start();
+  RemoteRegistry client(reg.bound_address(), mtls);
+  client.Announce(NodeRecordOf(*node.server), 30);
+  ASSERT_EQ(client.List().nodes.size(), 1u);
+  ClientOptions no_cert;
+  no_cert.tls_ca = pki.ca_cert;
+  no_cert.info_timeout_s = 5;
+  EXPECT_THROW(RemoteRegistry(reg.bound_address(), no_cert).List(), Error);
+  ClientOptions plain;
+  plain.info_timeout_s = 5;
+  EXPECT_THROW(RemoteRegistry(reg.bound_address(), plain).List(), Error);
+  ClientOptions other_ca = mtls;
+  other_ca.tls_ca = pki.other_ca_cert;
+  EXPECT_THROW(RemoteRegistry(reg.bound_address(), other_ca).List(), Error);
+}
+
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+// A registry, its page and a node all listening on [::1]: the node announces
+// its canonical "[::1]:PORT", proves it, and is listed; the page answers.
+TEST(RegistryServer, ListensOnIpv6) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback on this machine";
+  NodeServerOptions no;
+  no.listen = "[::1]:0";
+  OneNode node(no);
+  RegistryServerOptions o;
+  o.listen = "[::1]:0";
+  RegistryServer reg(o);
+  reg.Start();
+  RemoteRegistry client(reg.bound_address(), ClientOptions{});
+  const NodeRecord r = NodeRecordOf(*node.server);
+  EXPECT_EQ(r.address.rfind("[::1]:", 0), 0u) << r.address;
+  client.Announce(r, 30);
+  const auto listed = client.List().nodes;
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].address, r.address);
+  registry::StatusHttpServer page(&reg.registry());
+  const std::string at = page.Start("[::1]:0");
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  a.sin6_port = htons(static_cast<uint16_t>(std::stoi(at.substr(at.rfind(':') + 1))));
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::string req = "GET /status.json HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;)
+    reply.append(buf, static_cast<size_t>(n));
+  close(fd);
+  EXPECT_NE(reply.find("200"), std::string::npos) << reply.substr(0, 200);
+  EXPECT_NE(reply.find(r.address), std::string::npos) << reply.substr(0, 400);
 }
 
 }  // namespace
