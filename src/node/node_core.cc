@@ -186,6 +186,7 @@ NodeCore::BindingPtr NodeCore::CreateBinding(const std::string& session_id,
   b->secret_digest = std::move(secret_digest);
   lru_.push_front(b.get());
   b->lru_it = lru_.begin();
+  b->touched = std::chrono::steady_clock::now();
   b->linked = true;
   bindings_.emplace(session_id, b);
   return b;
@@ -207,6 +208,7 @@ void NodeCore::Unlink(Binding& b) {
 
 void NodeCore::Touch(Binding& b) {
   Held(b);
+  b.touched = std::chrono::steady_clock::now();
   if (b.linked) lru_.splice(lru_.begin(), lru_, b.lru_it);
 }
 

@@ -146,6 +146,11 @@ class NodeCore {
   void MarkMoved(const std::string& session_id, const std::string& moved_to);
   // Drops a session's state; later steps get a kReleased miss with `detail`.
   void EndSession(const std::string& session_id, const std::string& detail);
+  // EndSession for every session with live state whose last step came before
+  // `since` (e.g. sessions whose clients gave up while this process was
+  // stopped). Returns how many.
+  int64_t EndSessionsIdleSince(std::chrono::steady_clock::time_point since,
+                               const std::string& detail) EXCLUDES(mu_);
   // Verifies an import's header against this node (identity, range, recipe,
   // dtype, shapes, budget; refused while draining), then claims the session
   // (binding, admission slot) and reserves its KV rows as an uncommitted step
@@ -205,6 +210,7 @@ class NodeCore {
     std::string moved_to GUARDED_BY(mu);
     std::string ended GUARDED_BY(mu);
     bool move_untold GUARDED_BY(mu) = false;  // moved, and no step has been told yet
+    std::chrono::steady_clock::time_point touched GUARDED_BY(mu);  // last step or bind
   };
   using BindingPtr = std::shared_ptr<Binding>;
   // The step being run: its binding and its retry key.

@@ -153,6 +153,22 @@ void NodeCore::EndSession(const std::string& session_id, const std::string& deta
   counters_.sessions_ended.fetch_add(1, std::memory_order_relaxed);
 }
 
+int64_t NodeCore::EndSessionsIdleSince(std::chrono::steady_clock::time_point since,
+                                       const std::string& detail) {
+  std::vector<std::string> idle;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {  // least recently touched first
+      const Binding& b = **it;
+      Held(b);
+      if (b.touched >= since) break;
+      if (b.moved_to.empty() && b.ended.empty() && !b.in_flight) idle.push_back(b.session_id);
+    }
+  }
+  for (const std::string& id : idle) EndSession(id, detail);
+  return static_cast<int64_t>(idle.size());
+}
+
 std::unique_ptr<SessionImporter> NodeCore::BeginImport(SessionExportHeader header) {
   try {
     if (draining()) throw Error(ErrorKind::kUnavailable, "import refused: this node is draining");

@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -487,6 +488,15 @@ struct NodeServer::Impl {
   std::string metrics_bound;
   Mutex shutdown_mu;
   bool stopped GUARDED_BY(shutdown_mu) = false;
+  // The stall watch (WatchStalls): a thread that notices this process was
+  // stopped (SIGSTOP, a suspended VM) and then drops the sessions whose
+  // clients gave up meanwhile.
+  std::thread stall_watch;
+  Mutex stall_mu;
+  CondVar stall_wake{&stall_mu};
+  bool stall_stop GUARDED_BY(stall_mu) = false;
+  void WatchStalls();
+  void StopStallWatch();
 
   Impl(node::Node* node, NodeServerOptions opts)
       : options(std::move(opts)),
@@ -510,6 +520,48 @@ struct NodeServer::Impl {
   // (imports then stream over gRPC); a port given by number must open.
   void StartKvTransfer();
 };
+
+// Ticks every 0.5 s. A tick that comes more than kStallS late means the
+// process did not run meanwhile: every client whose step timed out gave up
+// on this node (failed over or stopped) and will not release its session
+// here (its release timed out too). Sessions not stepped within the active
+// window after the resumption (clients that are still there step again) are
+// then ended with an explicit miss, instead of holding their KV until the TTL.
+void NodeServer::Impl::WatchStalls() {
+  using SteadyClock = std::chrono::steady_clock;
+  constexpr double kStallS = 10.0;
+  const auto grace = std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double>(std::clamp(options.admission.active_window_s, 1.0, 30.0)));
+  auto last = SteadyClock::now();
+  std::optional<SteadyClock::time_point> resumed;
+  MutexLock lock(&stall_mu);
+  while (!stall_stop) {
+    stall_wake.WaitUntil(SteadyClock::now() + std::chrono::milliseconds(500));
+    const auto now = SteadyClock::now();
+    const double gap = std::chrono::duration<double>(now - last).count();
+    last = now;
+    if (gap > kStallS) {
+      spdlog::warn("event=node_was_stopped seconds={:.1f}", gap);
+      resumed = now;
+    }
+    if (resumed && now >= *resumed + grace) {
+      const int64_t n = node_service.core().EndSessionsIdleSince(
+          *resumed + std::chrono::seconds(1),
+          "this node was stopped and the session's client gave up; re-prefill");
+      spdlog::info("event=stalled_sessions_ended sessions={}", n);
+      resumed.reset();
+    }
+  }
+}
+
+void NodeServer::Impl::StopStallWatch() {
+  {
+    MutexLock lock(&stall_mu);
+    stall_stop = true;
+    stall_wake.SignalAll();
+  }
+  if (stall_watch.joinable()) stall_watch.join();
+}
 
 void NodeServer::Impl::StartKvTransfer() {
   if (!options.tls_cert.empty() || options.kv_transfer_port < 0) return;
@@ -568,6 +620,7 @@ void NodeServer::Start() {
     spdlog::warn("event=no_provable_address listen={} message=\"{}\"", m.bound, e.what());
   }
   if (auto* health = m.server->GetHealthCheckService()) health->SetServingStatus(true);
+  m.stall_watch = std::thread([&m] { m.WatchStalls(); });
 
   if (!m.options.metrics_listen.empty()) {
     try {
@@ -631,6 +684,7 @@ void NodeServer::Shutdown(double grace_seconds) {
     m.server->Wait();
     spdlog::info("event=drained listen={}", m.bound);
   }
+  m.StopStallWatch();
   if (m.kv_transfer) m.kv_transfer->Stop();  // cuts transfers still running; undoes their claims
   m.exposer.reset();
 }

@@ -6,6 +6,7 @@
 // and reaped in teardown; every wait is bounded.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <future>
@@ -267,6 +268,56 @@ TEST_F(DrainProcessTest, AdminDrainWithoutReplicaEndsSessionsAndClientsRePrefill
   const auto got = mesh::Generate(provider, Prompt(5), Options());
   EXPECT_EQ(got.failovers, 1);
   EXPECT_EQ(Metric(*mid0_, "meshnet_draining"), 1);
+}
+
+// A node stopped (SIGSTOP) while its session's client waits: the client's
+// step times out, it fails over to the other replica and finishes with the
+// in-process text while the node is still stopped (its release there times
+// out: the client's exit does not wait for the node); once the node resumes,
+// it notices it was stopped and ends the sessions not stepped again within
+// its active window (2 s here), instead of keeping them until the TTL (600 s).
+TEST_F(DrainProcessTest, AStoppedNodeDropsTheSessionsItsClientsGaveUp) {
+  StartMesh({"--active-window", "2"});
+  ClientOptions quick = Client();
+  quick.timeout_s = 2.0;
+  quick.step_retries = 0;
+  std::vector<std::shared_ptr<RemoteEndpoint>> hops;
+  for (NodeProcess* n : {head_.get(), mid0_.get(), mid1_.get(), tail_.get()}) {
+    hops.push_back(std::make_shared<RemoteEndpoint>(n->address(), quick));
+  }
+  Gate gate(1);
+  auto run = std::async(std::launch::async, [&] {
+    ReplicaProvider provider(hops, 0);
+    int seen = 0;
+    mesh::GenerateEvents ev;
+    ev.on_token = [&](int32_t) {
+      if (++seen == kPauseAt) gate.Arrive();
+    };
+    return mesh::Generate(provider, Prompt(3), Options(), ev);
+  });
+  ASSERT_TRUE(gate.AllArrived());
+  EXPECT_EQ(Metric(*mid0_, "meshnet_kv_live_sessions"), 1);
+  ASSERT_EQ(kill(mid0_->pid(), SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  gate.Open();
+  const mesh::GenerateResult got = run.get();  // returns while the node is stopped
+  // Stopped long enough to count as a stall (over 10 s), whatever the run took.
+  const auto stall_end = stopped + std::chrono::seconds(12);
+  if (std::chrono::steady_clock::now() < stall_end) std::this_thread::sleep_until(stall_end);
+  kill(mid0_->pid(), SIGCONT);
+  EXPECT_EQ(got.generated_ids, Reference(Prompt(3)));
+  EXPECT_GE(got.failovers, 1);
+  EXPECT_THAT(got.final_route, ::testing::HasSubstr(mid1_->address()));
+  double live = -1;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    live = Metric(*mid0_, "meshnet_kv_live_sessions");
+    if (live == 0) break;
+    // A metrics poll: the resumed node works in another process.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(live, 0) << "the resumed node still holds the abandoned session\n" << mid0_->Log();
+  EXPECT_NE(mid0_->Log().find("event=node_was_stopped"), std::string::npos);
 }
 
 // A client follows "moved to" only to a node it was given: a node cannot
