@@ -74,8 +74,9 @@ const CommandRegistrar kRegistryCommand(
        sub->add_option("--http-listen", f->http_listen,
                        "host:port of the status page (/), /status.json and /metrics");
        AddServerSecurityFlags(sub, &f->security,
-                              "Cluster token every call must carry, and sent to nodes when "
-                              "verifying them (default: $MESHNET_AUTH_TOKEN)");
+                              "Cluster token every call must carry; announced nodes must prove "
+                              "they know it (it is never sent to them) (default: "
+                              "$MESHNET_AUTH_TOKEN)");
        sub->add_option("--node-tls-ca", f->node_tls_ca, "CA (PEM) to verify nodes over TLS");
        sub->add_option("--node-tls-cert", f->node_tls_cert, "Client certificate for the nodes");
        sub->add_option("--node-tls-key", f->node_tls_key, "Client private key for the nodes");

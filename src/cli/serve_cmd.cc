@@ -215,6 +215,18 @@ void AddServeNodeFlags(CLI::App* sub, ServeFlags* f) {
                   "host:port for Prometheus /metrics (port 0: pick a free one)");
 }
 
+// Who may tell it what, and who it is: the admin token and the node key.
+void AddServeTrustFlags(CLI::App* sub, ServeFlags* f) {
+  sub->add_option("--admin-token", f->admin_token,
+                  "Operator token for `meshnet admin drain/undrain` (default: "
+                  "$MESHNET_ADMIN_TOKEN; must differ from the cluster token; none: admin calls "
+                  "are refused)");
+  sub->add_option("--node-key", f->node_key,
+                  "PEM file of this node's Ed25519 key, created on first use (mode 0600); it "
+                  "signs the node's registry record and proves its identity to the registry "
+                  "and to draining peers (default: a fresh key per start)");
+}
+
 // How it serves: security, gRPC limits, admission, batching, draining, the registry.
 void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
   AddServerSecurityFlags(sub, &f->security,
@@ -228,14 +240,6 @@ void AddServeServerFlags(CLI::App* sub, ServeFlags* f) {
       ->capture_default_str();
   sub->add_flag("--insecure", f->insecure,
                 "Allow a non-loopback --listen without --auth-token or --tls-ca");
-  sub->add_option("--admin-token", f->admin_token,
-                  "Operator token for `meshnet admin drain/undrain` (default: "
-                  "$MESHNET_ADMIN_TOKEN; must differ from the cluster token; none: admin calls "
-                  "are refused)");
-  sub->add_option("--node-key", f->node_key,
-                  "PEM file of this node's Ed25519 key, created on first use (mode 0600); it "
-                  "signs the node's registry record and proves its identity to the registry "
-                  "and to draining peers (default: a fresh key per start)");
   sub->add_option("--max-message-bytes", f->max_message_bytes,
                   "Largest gRPC message (0 = a full-context step of this shard + 1 MiB)")
       ->capture_default_str()
@@ -285,6 +289,7 @@ void SetupServe(CLI::App* sub, int* exit_code) {
   auto f = std::make_shared<ServeFlags>();
   AddServeNodeFlags(sub, f.get());
   AddServeServerFlags(sub, f.get());
+  AddServeTrustFlags(sub, f.get());
   sub->callback([f, exit_code] { *exit_code = RunServe(*f); });
 }
 

@@ -267,7 +267,7 @@ TEST(AdminCalls, TheAdminTokenMustDifferFromTheClusterToken) {
 }
 
 // MEDIUM 4: connections to the KV transfer port that never present a ticket
-// hold it for about a second, not twenty, one address takes at most two of
+// hold it for about a second, not twenty, one address takes at most four of
 // its places, and a push whose port connection fails streams over gRPC: four
 // silent clients stop no migration.
 TEST(DrainTrust, SilentTransferPortClientsStopNoMigration) {

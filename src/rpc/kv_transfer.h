@@ -54,8 +54,9 @@ struct KvTransferOptions {
   std::string host = "127.0.0.1";  // what to bind (the node's --listen host)
   int port = 0;                    // 0: any free port
   int max_pending = 8;
-  int max_connections = 4;
-  int max_connections_per_ip = 2;
+  int max_connections = 8;
+  // A draining node pushes DrainOptions::parallel (4) sessions at once.
+  int max_connections_per_ip = 4;
   double ticket_ttl_s = 10.0;
   double hello_timeout_s = 1.0;
   double io_timeout_s = 10.0;

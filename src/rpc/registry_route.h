@@ -6,9 +6,10 @@
 // marked dead (until dead_cooldown_s passes or the record shows a new
 // instance), measures each remaining node's round-trip time with an Info call
 // on a warm connection
-// (at most every rtt_refresh_s; the same call checks that the node serves what
-// its record says, which matters for etcd, where nobody verifies
-// announcements), scores it (registry/planner.h: round trip beyond
+// (at most every rtt_refresh_s; first the node proves it holds its record's
+// key at its address, rpc/prove.h, and the call checks that it serves what its
+// record says, which matters for etcd, where nobody verifies announcements),
+// scores it (registry/planner.h: round trip beyond
 // max(2x, +5 ms) of the range's fastest replica, in-flight steps and
 // sessions, free KV, sessions this provider already sent it) and lets
 // mesh::PlanRoute pick the fewest hops at the lowest cost. Each plan logs the
