@@ -11,6 +11,7 @@
 #include "rpc/registry_server.h"
 #include "rpc/server.h"
 #include "util/error.h"
+#include "util/host_port.h"
 
 namespace meshnet::cli {
 
@@ -69,6 +70,14 @@ std::unique_ptr<ServeRegistry> StartServeRegistry(const ServeRegistryFlags& f,
   if (f.registry.empty() && f.registry_listen.empty()) {
     if (!f.registry_http.empty()) ThrowInvalidArgument("--registry-http needs --registry-listen");
     return nullptr;
+  }
+  // What the node announces and proves is its own name: a wildcard listen
+  // (0.0.0.0, [::]) names no host others can reach.
+  try {
+    CanonicalHostPort(server.bound_address());
+  } catch (const Error& e) {
+    ThrowInvalidArgument(std::string("--registry: this node cannot announce itself: ") + e.what() +
+                         "; give --listen a host others reach it by");
   }
   auto r = std::make_unique<Running>();
   rpc::ClientOptions co;  // how this process reaches nodes and registries

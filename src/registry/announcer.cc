@@ -55,8 +55,8 @@ bool Announcer::registered() const {
 }
 
 bool Announcer::Beat(Lease& lease, bool draining) {
-  const NodeRecord r = describe_(draining);
   try {
+    const NodeRecord r = describe_(draining);
     if (lease.id != 0 && registry_->Renew(lease, r)) return true;
     if (lease.id != 0) {
       spdlog::warn("event=lease_lost registry={} lease={}", registry_->name(), lease.id);

@@ -314,3 +314,33 @@ TEST_F(CliHardeningTest, HalfOpenRequestsDoNotBlockMetrics) {
 
 }  // namespace
 }  // namespace meshnet::rpc
+
+namespace meshnet::rpc {
+namespace {
+
+// `meshnet admin` never sends the cluster token: without the admin token it
+// stops before any call; `serve` refuses an admin token equal to the cluster
+// token, and announcing itself from a wildcard address it cannot prove.
+TEST(CliTrust, AdminAndServeRefuseWeakOrUnprovableSettings) {
+  using testing::RunCli;
+  const testing::CliResult no_admin =
+      RunCli(MESHNET_BINARY, {"admin", "drain", "127.0.0.1:1", "--to", "127.0.0.1:2"}, 30);
+  EXPECT_EQ(no_admin.exit_code, 2) << no_admin.err;
+  EXPECT_NE(no_admin.err.find("admin token"), std::string::npos) << no_admin.err;
+  const testing::CliResult same = RunCli(
+      MESHNET_BINARY,
+      {"serve", "--model", kModel, "--layers", "0-4", "--auth-token", "t", "--admin-token", "t"},
+      30);
+  EXPECT_EQ(same.exit_code, 2) << same.err;
+  EXPECT_NE(same.err.find("--admin-token must differ"), std::string::npos) << same.err;
+  const testing::CliResult wildcard =
+      RunCli(MESHNET_BINARY,
+             {"serve", "--model", kModel, "--layers", "0-4", "--listen", "0.0.0.0:0", "--insecure",
+              "--registry", "127.0.0.1:1"},
+             60);
+  EXPECT_EQ(wildcard.exit_code, 2) << wildcard.err;
+  EXPECT_NE(wildcard.err.find("cannot announce itself"), std::string::npos) << wildcard.err;
+}
+
+}  // namespace
+}  // namespace meshnet::rpc
