@@ -1,6 +1,7 @@
 #include "registry/record.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <tuple>
 

@@ -6,7 +6,6 @@
 // Thread-safety: value types.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
