@@ -57,8 +57,10 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
@@ -691,13 +693,17 @@ BENCHMARK(BM_AttentionF16)->ArgsProduct({{8, 64}, {512}, {0, 1}})->MinTime(0.2);
 // hands them out), 12 layers' worth of caches visited in turn so that, as in
 // a node, the caches come from DRAM. kv_vs_read_bw: the K and V bytes read per
 // second over the read bandwidth of as many threads (the attention's
-// roofline at decode; 1.0 would be a pure stream).
+// roofline at decode; 1.0 would be a pure stream). speed_vs_f16 (q8_0, q4_0):
+// the F16 run's time per batch at the same ctx and threads, measured earlier
+// in this run, over this one's.
+std::map<std::pair<int64_t, int>, double> g_f16_batch_seconds;
+
 void BM_AttentionBatch(benchmark::State& state) {
   const auto dtype = static_cast<KvDtype>(state.range(0));
   const int64_t ctx = state.range(1);
   const int threads = static_cast<int>(state.range(2));
   constexpr int kSessions = 16, kHeads = 12, kHd = 64, kBlock = 16, kLayers = 12;
-  const size_t row_bytes = static_cast<size_t>(kHeads) * kHd * KvDtypeSize(dtype);
+  const auto row_bytes = static_cast<size_t>(KvRowBytes(dtype, kHeads, kHd));
   const size_t block_bytes = 2 * kBlock * row_bytes;
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
   const size_t n_blocks = static_cast<size_t>(kLayers) * kSessions * blocks_per_seq;
@@ -738,6 +744,7 @@ void BM_AttentionBatch(benchmark::State& state) {
   const ops::AttentionConfig cfg{kHeads, kHd, 0.0f};
   ThreadPool& pool = Pool(threads);
   int layer = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     for (int s = 0; s < kSessions; ++s) {
       seqs[s] = {q.data() + s * kHeads * kHd, 1, ctx - 1, &kvs[layer * kSessions + s],
@@ -747,19 +754,31 @@ void BM_AttentionBatch(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
     layer = (layer + 1) % kLayers;
   }
+  const double per_batch =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+      static_cast<double>(state.iterations());
+  if (dtype == KvDtype::kF16) g_f16_batch_seconds[{ctx, threads}] = per_batch;
+  const auto f16 = g_f16_batch_seconds.find({ctx, threads});
+  if (IsQuantizedKv(dtype) && f16 != g_f16_batch_seconds.end()) {
+    state.counters["speed_vs_f16"] = f16->second / per_batch;
+  }
+  state.SetLabel(std::string(KvDtypeName(dtype)));
   const double bytes = 2.0 * static_cast<double>(row_bytes) * ctx * kSessions;
   state.counters["kv_GBps"] =
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["kv_vs_read_bw"] = benchmark::Counter(
       bytes / GetBaselines().read_bw[threads], benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AttentionBatch)
-    ->ArgsProduct({{static_cast<int64_t>(KvDtype::kF32), static_cast<int64_t>(KvDtype::kF16)},
-                   {64, 512},
-                   {1, 2}})
-    ->ArgNames({"kv", "ctx", "threads"})
-    ->UseRealTime()
-    ->MinTime(0.2);
+void AttentionBatchArgs(benchmark::internal::Benchmark* b) {
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kQ4_0}) {
+    for (int64_t ctx : {64, 512, 1024}) {
+      if (dt == KvDtype::kF32 && ctx > 512) continue;  // 1.2 GB of caches
+      for (int64_t threads : {1, 2}) b->Args({static_cast<int64_t>(dt), ctx, threads});
+    }
+  }
+  b->ArgNames({"kv", "ctx", "threads"});
+}
+BENCHMARK(BM_AttentionBatch)->Apply(AttentionBatchArgs)->UseRealTime()->MinTime(0.2);
 
 }  // namespace
 }  // namespace meshnet::bench

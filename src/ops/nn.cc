@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "ops/kv_quant.h"
 #include "ops/nn_kernels.h"
 #include "ops/quantize.h"
 #include "util/error.h"
@@ -86,6 +87,7 @@ void EmbeddingLookup(const WeightMatrix& table, const int32_t* tokens, int64_t n
 
 void StoreKvRow(const PagedKvLayer& kv, bool key, int64_t pos, const float* row) {
   uint8_t* dst = key ? kv.KRow(pos) : kv.VRow(pos);
+  if (IsQuantizedKv(kv.dtype)) return QuantizeKvRow(kv.dtype, row, kv.n_kv_heads, kv.head_dim, dst);
   internal::StoreKvRowKernel(dst, kv.dtype, row, static_cast<int64_t>(kv.n_kv_heads) * kv.head_dim);
 }
 

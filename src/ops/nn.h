@@ -61,7 +61,8 @@ void EmbeddingLookup(const WeightMatrix& table, const int32_t* tokens, int64_t n
                      float* out);
 
 // Writes row (n_kv_heads * head_dim floats) as the K (key=true) or V row of
-// position pos, converted to kv.dtype (round to nearest even).
+// position pos, converted to kv.dtype (round to nearest even; q8_0 / q4_0
+// quantized head by head as ops/kv_quant.h states).
 void StoreKvRow(const PagedKvLayer& kv, bool key, int64_t pos, const float* row);
 
 // ---- llama.cpp parity (ggml_parity.cc): the same ops in the arithmetic of
@@ -96,7 +97,13 @@ inline constexpr int kMaxHeadDim = 512;
 // Grouped-query causal attention: query t (position start_pos + t) attends to
 // positions [0, start_pos + t] of kv (which must already hold them:
 // kv.n_positions >= start_pos + n_tokens). Query head h uses KV head
-// h / (n_heads / n_kv_heads).
+// h / (n_heads / n_kv_heads). Over a q8_0 / q4_0 cache the kernel is fused:
+// each query head is quantized once per call to int8-range codes with one
+// scale per 32-block (the keys' blocks), Q.K is an exact integer dot per
+// block times the two scales, softmax and the V sums (the codes times
+// probability x block scale) are f32. A head's result depends only on its
+// query and kv, never on the other sequences, tokens or heads of a call nor
+// on the pool's threads.
 // q: (n_tokens, n_heads * head_dim) -> out: (n_tokens, n_heads * head_dim); out
 // must not alias q. Parallel over (token, KV head) on the pool.
 void Attention(const float* q, int64_t n_tokens, int64_t start_pos, const PagedKvLayer& kv,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/kv_quant.h"
 #include "ops/nn.h"
 
 namespace meshnet::ops {
@@ -58,8 +59,59 @@ void SwiGluReference(const float* gate, const float* up, int64_t n, float* out) 
   }
 }
 
+namespace {
+
+// q8_0 / q4_0: the fused kernels' arithmetic, summed in double: the query
+// head quantized as they do it (kv_quant.h), exact integer dots per block
+// times the two scales, softmax, and V dequantized.
+void QuantAttentionReference(const float* q, int64_t n_tokens, int64_t start_pos,
+                             const PagedKvLayer& kv, const AttentionConfig& cfg, float* out) {
+  const int hd = cfg.head_dim;
+  const int group = cfg.n_heads / kv.n_kv_heads;
+  const int nb = KvBlocks(hd);
+  const double scale = cfg.scale != 0.0f ? cfg.scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  const int64_t head_bytes = KvHeadBytes(kv.dtype, hd);
+  std::vector<int16_t> qc(static_cast<size_t>(nb) * kKvQuantBlock);
+  std::vector<float> qs(static_cast<size_t>(nb)), v(static_cast<size_t>(hd));
+  int8_t kc[kKvQuantBlock];
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t n_pos = start_pos + t + 1;
+    std::vector<double> w(static_cast<size_t>(n_pos));
+    for (int h = 0; h < cfg.n_heads; ++h) {
+      const int64_t off = (h / group) * head_bytes;
+      QuantizeQueryHead(q + (t * cfg.n_heads + h) * static_cast<int64_t>(hd), hd, 1.0f, qc.data(),
+                        qs.data());
+      double mx = -INFINITY;
+      for (int64_t p = 0; p < n_pos; ++p) {
+        double s = 0;
+        for (int b = 0; b < nb; ++b) {
+          std::fill(kc, kc + kKvQuantBlock, 0);
+          const double d = KvBlockCodes(kv.dtype, kv.KRow(p) + off, hd, b, kc);
+          int64_t isum = 0;
+          for (int i = 0; i < kKvQuantBlock; ++i) isum += qc[b * kKvQuantBlock + i] * kc[i];
+          s += static_cast<double>(qs[b]) * d * static_cast<double>(isum);
+        }
+        w[p] = s * scale;
+        mx = std::max(mx, w[p]);
+      }
+      double sum = 0;
+      for (int64_t p = 0; p < n_pos; ++p) sum += w[p] = std::exp(w[p] - mx);
+      std::vector<double> acc(static_cast<size_t>(hd), 0.0);
+      for (int64_t p = 0; p < n_pos; ++p) {
+        DequantizeKvHead(kv.dtype, kv.VRow(p) + off, hd, v.data());
+        for (int i = 0; i < hd; ++i) acc[i] += w[p] * v[i];
+      }
+      float* o = out + (t * cfg.n_heads + h) * static_cast<int64_t>(hd);
+      for (int i = 0; i < hd; ++i) o[i] = static_cast<float>(acc[i] / sum);
+    }
+  }
+}
+
+}  // namespace
+
 void AttentionReference(const float* q, int64_t n_tokens, int64_t start_pos, const PagedKvLayer& kv,
                         const AttentionConfig& cfg, float* out) {
+  if (IsQuantizedKv(kv.dtype)) return QuantAttentionReference(q, n_tokens, start_pos, kv, cfg, out);
   const int hd = cfg.head_dim;
   const int group = cfg.n_heads / kv.n_kv_heads;
   const double scale = cfg.scale != 0.0f ? cfg.scale : 1.0 / std::sqrt(static_cast<double>(hd));

@@ -15,6 +15,10 @@ std::string_view KvDtypeName(KvDtype t) {
       return "float16";
     case KvDtype::kBF16:
       return "bfloat16";
+    case KvDtype::kQ8_0:
+      return "q8_0";
+    case KvDtype::kQ4_0:
+      return "q4_0";
   }
   return "?";
 }
@@ -23,8 +27,10 @@ KvDtype ParseKvDtype(std::string_view name) {
   if (name == "float32") return KvDtype::kF32;
   if (name == "float16") return KvDtype::kF16;
   if (name == "bfloat16") return KvDtype::kBF16;
+  if (name == "q8_0") return KvDtype::kQ8_0;
+  if (name == "q4_0") return KvDtype::kQ4_0;
   ThrowInvalidArgument("invalid kv dtype '" + std::string(name) +
-                       "' (expected float32, float16 or bfloat16)");
+                       "' (expected float32, float16, bfloat16, q8_0 or q4_0)");
 }
 
 namespace {
