@@ -7,7 +7,9 @@
 # tests/ref_replay.py: the reference answers every op; the lines it cannot even
 # parse (invalid UTF-8 or JSON, a non-object, a "t" that float() refuses; on
 # those seed_replay.py dies before touching any state) are answered with
-# {"error":"invalid-argument"}, as spec/kv-trace.md requires. The traces
+# {"error":"invalid-argument"}, as spec/kv-trace.md requires. quant_* goldens
+# go through tests/quant_ref_replay.py (the reference's answers mapped to
+# meshnet's q8_0 / q4_0 byte counts and rows). The traces
 # themselves are committed as they are (random_seed*.trace.jsonl and
 # decode_small.trace.jsonl were written by scripts/gen_trace.py).
 #
@@ -49,7 +51,12 @@ status=0
 for name in "${names[@]}"; do
   trace="$golden/$name.trace.jsonl"
   [[ -f $trace ]] || { echo "regen-golden: no $trace" >&2; exit 2; }
-  python3 "$root/tests/ref_replay.py" --python "$python" --reference "$reference" \
+  # quant_* goldens use meshnet's q8_0 / q4_0 KV dtypes, which the reference
+  # does not know: their answers are the reference's, mapped to the quantized
+  # byte counts and rows (tests/quant_ref_replay.py; needs numpy here too).
+  oracle="$root/tests/ref_replay.py" oracle_python=python3
+  [[ $name == quant_* ]] && oracle="$root/tests/quant_ref_replay.py" oracle_python=$python
+  "$oracle_python" "$oracle" --python "$python" --reference "$reference" \
     < "$trace" > "$tmp/$name.expected.jsonl"
   if ((check)); then
     if ! cmp -s "$tmp/$name.expected.jsonl" "$golden/$name.expected.jsonl"; then

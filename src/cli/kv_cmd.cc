@@ -39,8 +39,13 @@ Where this replayer knowingly differs from the reference:
   * block_tokens: the reference accepts only 1; any int >= 1 is accepted and
     given to the manager, which then counts reserved blocks (results are no
     longer expected to match the reference byte for byte);
-  * kv_dtype: float32/float16 and their numpy aliases, plus bfloat16 (ours);
-    other numpy dtypes (float64, int8, null, ...) are invalid-argument;
+  * kv_dtype: float32/float16 and their numpy aliases, plus bfloat16, q8_0
+    and q4_0 (ours); other numpy dtypes (float64, int8, null, ...) are
+    invalid-argument. q8_0 / q4_0 need int n_kv_heads and head_dim; their
+    bytes_per_token is 2 * n_kv_heads * head_bytes * owned layers, head_bytes
+    = 2 * ceil(head_dim / 32) + head_dim (q8_0) or + the 4-bit codes' bytes,
+    ceil(n / 2) per block of n (q4_0); appended rows are the float32 values
+    quantized per head and the checksum is over their dequantized values;
   * values a C++ manager cannot hold are invalid-argument: epochs or tokens
     beyond int64, recipe fields beyond int32, non-integral float n_kv_heads /
     head_dim in config;

@@ -35,6 +35,7 @@
 #include <variant>
 
 #include "kv/hot_kv_state_internal.h"
+#include "ops/kv_quant.h"
 #include "util/error.h"
 
 namespace meshnet::kv {
@@ -296,12 +297,16 @@ std::variant<Begun, CacheMiss> BeginWaitingLocked(ManagerState& m, std::string_v
   }
 }
 
-void StoreRow(KvDtype dtype, uint8_t* dst, const float* src, int64_t n) {
-  if (dtype == KvDtype::kF32) {
+// `rows` consecutive rows of `row` values (n_kv_heads heads of head_dim).
+void StoreRows(const ManagerState& m, uint8_t* dst, const float* src, int64_t rows) {
+  const int64_t n = rows * m.n_kv_heads * m.head_dim;
+  if (m.dtype == KvDtype::kF32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-    return;
+  } else if (IsQuantizedKv(m.dtype)) {
+    ops::QuantizeKvRow(m.dtype, src, static_cast<int>(rows * m.n_kv_heads), m.head_dim, dst);
+  } else {
+    for (int64_t i = 0; i < n; ++i) StoreAs(m.dtype, dst + 2 * i, src[i]);
   }
-  for (int64_t i = 0; i < n; ++i) StoreAs(dtype, dst + 2 * i, src[i]);
 }
 
 }  // namespace
@@ -386,8 +391,8 @@ int64_t HotKvStateManager::Append(std::string_view session_id, int64_t route_epo
     for (int64_t t = 0; t < step.n_new_;) {
       const int64_t pos = step.start_pos_ + t;
       const int64_t run = std::min<int64_t>(step.n_new_ - t, v.block_tokens - pos % v.block_tokens);
-      StoreRow(m.dtype, v.KRow(pos), l.keys.data() + t * row, run * row);
-      StoreRow(m.dtype, v.VRow(pos), l.values.data() + t * row, run * row);
+      StoreRows(m, v.KRow(pos), l.keys.data() + t * row, run);
+      StoreRows(m, v.VRow(pos), l.values.data() + t * row, run);
       t += run;
     }
   }

@@ -196,7 +196,8 @@ class SessionHandle {
   bool alive() const;       // still in the store
   // A read view of owned layer `layer` (absolute index) over [0, seq_len).
   ops::PagedKvLayer Layer(int layer) const;
-  // Committed K or V of `layer` widened to float32, (seq_len, heads, dim).
+  // Committed K or V of `layer` widened (q8_0 / q4_0: dequantized) to
+  // float32, (seq_len, heads, dim).
   std::vector<float> ReadKeys(int layer) const;
   std::vector<float> ReadValues(int layer) const;
 

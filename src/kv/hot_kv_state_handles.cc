@@ -5,6 +5,7 @@
 
 #include "kv/hot_kv_state.h"
 #include "kv/hot_kv_state_internal.h"
+#include "ops/kv_quant.h"
 
 namespace meshnet::kv {
 
@@ -17,7 +18,11 @@ std::vector<float> ReadPlane(const ops::PagedKvLayer& v, bool keys) {
   for (int64_t p = 0; p < v.n_positions; ++p) {
     const uint8_t* src = keys ? v.KRow(p) : v.VRow(p);
     float* dst = out.data() + p * row;
-    for (int64_t i = 0; i < row; ++i) dst[i] = LoadAs(v.dtype, src + i * size);
+    if (IsQuantizedKv(v.dtype)) {
+      ops::DequantizeKvRow(v.dtype, src, v.n_kv_heads, v.head_dim, dst);
+    } else {
+      for (int64_t i = 0; i < row; ++i) dst[i] = LoadAs(v.dtype, src + i * size);
+    }
   }
   return out;
 }

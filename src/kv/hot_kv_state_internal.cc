@@ -20,7 +20,7 @@ ManagerState::ManagerState(const KvCacheRecipe& recipe, const HotKvStateConfig& 
       n_kv_heads(recipe.n_kv_heads),
       head_dim(recipe.head_dim),
       dtype(recipe.kv_dtype),
-      row_bytes(int64_t{recipe.n_kv_heads} * recipe.head_dim * KvDtypeSize(recipe.kv_dtype)),
+      row_bytes(KvRowBytes(recipe.kv_dtype, recipe.n_kv_heads, recipe.head_dim)),
       bytes_per_token(recipe.BytesPerToken()),
       block_bytes(bytes_per_token * cfg.block_tokens),
       pool(static_cast<size_t>(block_bytes), cfg.budget_bytes / block_bytes) {}

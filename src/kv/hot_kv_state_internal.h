@@ -135,7 +135,7 @@ struct ManagerState {
   int n_kv_heads = 0;
   int head_dim = 0;
   KvDtype dtype = KvDtype::kF32;
-  int64_t row_bytes = 0;        // n_kv_heads * head_dim * itemsize
+  int64_t row_bytes = 0;        // KvRowBytes(dtype, n_kv_heads, head_dim)
   int64_t bytes_per_token = 0;  // 2 * row_bytes * num_layers
   int64_t block_bytes = 0;      // block_tokens * bytes_per_token
 

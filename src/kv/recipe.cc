@@ -28,8 +28,15 @@ void KvCacheRecipe::Validate() const {
   CanonicalArchitecture(architecture_adapter);
   if (n_kv_heads <= 0) ThrowInvalidArgument("n_kv_heads must be positive");
   if (head_dim <= 0) ThrowInvalidArgument("head_dim must be positive");
-  if (kv_dtype != KvDtype::kF32 && kv_dtype != KvDtype::kF16 && kv_dtype != KvDtype::kBF16) {
-    ThrowInvalidArgument("invalid kv_dtype");
+  switch (kv_dtype) {
+    case KvDtype::kF32:
+    case KvDtype::kF16:
+    case KvDtype::kBF16:
+    case KvDtype::kQ8_0:
+    case KvDtype::kQ4_0:
+      break;
+    default:
+      ThrowInvalidArgument("invalid kv_dtype");
   }
   // role_for_range: 0 <= start <= end <= total - 1.
   if (!(0 <= start_layer && start_layer <= end_layer && end_layer <= total_layers - 1)) {
@@ -39,14 +46,14 @@ void KvCacheRecipe::Validate() const {
   }
   if (boundary_schema_version < 1) ThrowInvalidArgument("boundary_schema_version must be >= 1");
   // Guard the byte arithmetic every user of the recipe does.
-  const int64_t row = int64_t{n_kv_heads} * head_dim * KvDtypeSize(kv_dtype);
+  const int64_t row = KvRowBytes(kv_dtype, n_kv_heads, head_dim);
   if (row > std::numeric_limits<int64_t>::max() / 2 / num_owned_layers()) {
     ThrowInvalidArgument("KV geometry overflows 64-bit byte counts");
   }
 }
 
 int64_t KvCacheRecipe::BytesPerToken() const {
-  const int64_t per_layer = 2 * int64_t{n_kv_heads} * head_dim * KvDtypeSize(kv_dtype);
+  const int64_t per_layer = 2 * KvRowBytes(kv_dtype, n_kv_heads, head_dim);
   return per_layer * num_owned_layers();
 }
 

@@ -28,7 +28,8 @@ struct KvCacheRecipe {
   void Validate() const;
 
   int num_owned_layers() const { return end_layer - start_layer + 1; }
-  // 2 * n_kv_heads * head_dim * itemsize * owned layers.
+  // 2 * n_kv_heads * head_dim * itemsize * owned layers; for q8_0 / q4_0,
+  // 2 * n_kv_heads * KvHeadBytes(kv_dtype, head_dim) * owned layers.
   int64_t BytesPerToken() const;
   // sha256 hex of the canonical JSON (sorted keys, "," and ":" separators) of
   // {architecture_adapter (canonical), boundary_schema_version, end_layer,

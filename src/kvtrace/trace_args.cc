@@ -94,7 +94,9 @@ constexpr DtypeAlias kDtypeAliases[] = {
     {"f2", KvDtype::kF16},        {"<e", KvDtype::kF16},     {"<f2", KvDtype::kF16},
     {">e", KvDtype::kF16},        {">f2", KvDtype::kF16},    {"=e", KvDtype::kF16},
     {"=f2", KvDtype::kF16},       {"|e", KvDtype::kF16},     {"|f2", KvDtype::kF16},
-    {"bfloat16", KvDtype::kBF16},  // our extension; numpy has no bfloat16
+    {"bfloat16", KvDtype::kBF16},  // our extensions; numpy has no bfloat16,
+    {"q8_0", KvDtype::kQ8_0},      // q8_0 or q4_0
+    {"q4_0", KvDtype::kQ4_0},
 };
 
 // n_kv_heads / head_dim: __post_init__ only checks `v <= 0`, so any number
@@ -337,6 +339,11 @@ bool ParseTraceRecipe(const JsonDocument& doc, const JsonValue& obj, TraceRecipe
   if (!ReadGeometry(*heads, &gh, &heads_repr) || !ReadGeometry(*dim, &gd, &dim_repr)) return false;
   const DtypeAlias* alias = FindDtypeAlias(*dtype);
   if (alias == nullptr || !IsLayerRange(*start, *end, *total)) return false;
+  // Ours, so no Python typing to mirror: q8_0 / q4_0 take int geometry only.
+  if (IsQuantizedKv(alias->dtype) &&
+      (heads->type != JsonType::kInt || dim->type != JsonType::kInt)) {
+    return false;
+  }
   out->fingerprint = Sha256Hex(
       CanonicalRecipe(start->text, end->text, total->text, heads_repr, dim_repr, alias->dtype));
 
@@ -344,8 +351,11 @@ bool ParseTraceRecipe(const JsonDocument& doc, const JsonValue& obj, TraceRecipe
   const bool layers_fit = !total->big && total->integer <= int_max;  // start <= end < total
   const int64_t n_layers = layers_fit ? end->integer - start->integer + 1 : 0;
   const int item = KvDtypeSize(alias->dtype);
+  // q8_0 / q4_0: bytes per head instead of head_dim * itemsize.
+  const __int128 head_bytes = IsQuantizedKv(alias->dtype) ? KvHeadBytes(alias->dtype, gd.value)
+                                                          : static_cast<__int128>(gd.value) * item;
   out->storable = gh.storable && gd.storable && layers_fit &&
-                  static_cast<__int128>(2) * gh.value * gd.value * item * n_layers <=
+                  static_cast<__int128>(2) * gh.value * head_bytes * n_layers <=
                       (static_cast<__int128>(1) << 53);
   out->float_bytes_per_token = gh.is_float || gd.is_float;
   // Python: 2 * n_kv_heads * head_dim * itemsize * len(owned_layers), left to right.

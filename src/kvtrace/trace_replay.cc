@@ -7,7 +7,8 @@
 //
 // Appended rows follow the spec's formula. For each owned layer L and position
 // p, K[p,h,d] = T[(c(L,p) + 7h) % 1000 + d] where T[i] = (i % 1000) / 1000
-// rounded to the dtype and c(L,p) = (fnv1a32(session) + 31 epoch + 131 L + 17 p)
+// rounded to the dtype (q8_0 / q4_0: T as float32, each head quantized) and
+// c(L,p) = (fnv1a32(session) + 31 epoch + 131 L + 17 p)
 // mod 1000 (computed mod 1000 term by term: exact for any int64 epoch); so a
 // row is n_kv_heads memcpys from a table built once per config.
 //
@@ -33,6 +34,7 @@
 #include "kv/hot_kv_state.h"
 #include "kvtrace/trace_args.h"
 #include "kvtrace/trace_json.h"
+#include "ops/kv_quant.h"
 #include "util/clock.h"
 #include "util/hash.h"
 
@@ -52,12 +54,13 @@ std::string_view ErrorName(ErrorKind kind) {
   return ErrorKindName(kind);
 }
 
-// n_kv_heads memcpys of head_dim elements from `table` (see the file comment).
-void FillRow(uint8_t* dst, const uint8_t* table, size_t item, uint64_t c, int heads, int dim) {
-  const size_t head_bytes = static_cast<size_t>(dim) * item;
+// n_kv_heads memcpys of a head's bytes from `table` (see the file comment),
+// head h's from entry (c + 7h) % 1000, entries `stride` bytes apart.
+void FillRow(uint8_t* dst, const uint8_t* table, size_t stride, size_t head_bytes, uint64_t c,
+             int heads) {
   for (int h = 0; h < heads; ++h) {
     const uint64_t off = (c + 7 * static_cast<uint64_t>(h)) % 1000;
-    std::memcpy(dst, table + off * item, head_bytes);
+    std::memcpy(dst, table + off * stride, head_bytes);
     dst += head_bytes;
   }
 }
@@ -236,30 +239,44 @@ class TraceReplayer::Impl {
     out->append("}\n");
   }
 
-  // Row tables: (1000 + head_dim) entries of (i % 1000) / 1000 and its negation.
+  // Row tables: (1000 + head_dim) entries of (i % 1000) / 1000 and its
+  // negation; for q8_0 / q4_0 the store tables hold instead the 1000 heads
+  // that start at each entry, quantized (the double values rounded to float
+  // first).
   struct RowTables {
     std::vector<float> k_f32, v_f32;        // float32, for Append's LayerKv
     std::vector<uint8_t> k_store, v_store;  // in the kv dtype, for KvStep rows
+    size_t stride = 0;                      // bytes between store entries
+    size_t head_bytes = 0;
   };
   static RowTables BuildTables(const KvCacheRecipe& r) {
     RowTables t;
     const size_t n = 1000 + static_cast<size_t>(r.head_dim);
     const size_t item = KvDtypeSize(r.kv_dtype);
+    t.head_bytes = static_cast<size_t>(KvHeadBytes(r.kv_dtype, r.head_dim));
+    t.stride = IsQuantizedKv(r.kv_dtype) ? t.head_bytes : item;
     t.k_f32.resize(n);
     t.v_f32.resize(n);
-    t.k_store.resize(n * item);
-    t.v_store.resize(n * item);
+    t.k_store.resize(IsQuantizedKv(r.kv_dtype) ? 1000 * t.head_bytes : n * item);
+    t.v_store.resize(t.k_store.size());
     for (size_t i = 0; i < n; ++i) {
       const double k = static_cast<double>(i % 1000) / 1000.0;
       t.k_f32[i] = static_cast<float>(k);
       t.v_f32[i] = static_cast<float>(-k);
-      if (r.kv_dtype == KvDtype::kF16) {  // correctly rounded straight from double
+      if (IsQuantizedKv(r.kv_dtype)) continue;  // below, once the floats are there
+      if (r.kv_dtype == KvDtype::kF16) {        // correctly rounded straight from double
         const uint16_t hk = DoubleToHalf(k), hv = DoubleToHalf(-k);
         std::memcpy(&t.k_store[i * 2], &hk, 2);
         std::memcpy(&t.v_store[i * 2], &hv, 2);
       } else {
         StoreAs(r.kv_dtype, &t.k_store[i * item], t.k_f32[i]);
         StoreAs(r.kv_dtype, &t.v_store[i * item], t.v_f32[i]);
+      }
+    }
+    if (IsQuantizedKv(r.kv_dtype)) {
+      for (size_t i = 0; i < 1000; ++i) {
+        ops::QuantizeKvHead(r.kv_dtype, &t.k_f32[i], r.head_dim, &t.k_store[i * t.head_bytes]);
+        ops::QuantizeKvHead(r.kv_dtype, &t.v_f32[i], r.head_dim, &t.v_store[i * t.head_bytes]);
       }
     }
     return t;
@@ -338,12 +355,11 @@ class TraceReplayer::Impl {
       float* v = k + plane;
       for (int64_t t = 0; t < tokens; ++t) {
         const uint64_t c = RowC(base, layer, start + t);
+        const size_t head = 4 * static_cast<size_t>(r.head_dim);
         FillRow(reinterpret_cast<uint8_t*>(k + t * row),
-                reinterpret_cast<const uint8_t*>(tables_.k_f32.data()), 4, c, r.n_kv_heads,
-                r.head_dim);
+                reinterpret_cast<const uint8_t*>(tables_.k_f32.data()), 4, head, c, r.n_kv_heads);
         FillRow(reinterpret_cast<uint8_t*>(v + t * row),
-                reinterpret_cast<const uint8_t*>(tables_.v_f32.data()), 4, c, r.n_kv_heads,
-                r.head_dim);
+                reinterpret_cast<const uint8_t*>(tables_.v_f32.data()), 4, head, c, r.n_kv_heads);
       }
       layer_kv_[i] = LayerKv{layer, tokens, {k, plane}, {v, plane}};
     }
@@ -363,14 +379,15 @@ class TraceReplayer::Impl {
       throw std::logic_error("kv replay: the manager reserved more than its byte budget");
     }
     const KvCacheRecipe& r = manager_->recipe();
-    const size_t item = KvDtypeSize(r.kv_dtype);
     const uint64_t base = RowBase(id, epoch);
     for (int layer = r.start_layer; layer <= r.end_layer; ++layer) {
       const ops::PagedKvLayer view = step.Layer(layer);
       for (int64_t pos = step.start_pos(); pos < step.start_pos() + n_new; ++pos) {
         const uint64_t c = RowC(base, layer, pos);
-        FillRow(view.KRow(pos), tables_.k_store.data(), item, c, r.n_kv_heads, r.head_dim);
-        FillRow(view.VRow(pos), tables_.v_store.data(), item, c, r.n_kv_heads, r.head_dim);
+        FillRow(view.KRow(pos), tables_.k_store.data(), tables_.stride, tables_.head_bytes, c,
+                r.n_kv_heads);
+        FillRow(view.VRow(pos), tables_.v_store.data(), tables_.stride, tables_.head_bytes, c,
+                r.n_kv_heads);
       }
     }
     const int64_t n = step.start_pos() + n_new;
