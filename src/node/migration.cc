@@ -34,9 +34,11 @@ void CheckIdentity(const SessionExportHeader& h, const SessionExportHeader& self
   CheckSame("start layer", h.start_layer, self.start_layer);
   CheckSame("end layer", h.end_layer, self.end_layer);
   CheckSame("total layers", h.total_layers, self.total_layers);
-  CheckSame("KV recipe fingerprint", h.recipe_fingerprint, self.recipe_fingerprint);
+  // The dtype first: a q8_0 session offered to an f16 node is refused by name
+  // (its fingerprint differs too).
   CheckSame("KV dtype", std::string(KvDtypeName(h.kv_dtype)),
             std::string(KvDtypeName(self.kv_dtype)));
+  CheckSame("KV recipe fingerprint", h.recipe_fingerprint, self.recipe_fingerprint);
   CheckSame("KV heads", h.n_kv_heads, self.n_kv_heads);
   CheckSame("head dim", h.head_dim, self.head_dim);
   CheckSame("bytes per token", h.bytes_per_token, self.bytes_per_token);

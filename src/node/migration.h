@@ -55,7 +55,7 @@ struct SessionExportHeader {
   int64_t bytes_per_token = 0;
 
   int num_layers() const { return end_layer - start_layer + 1; }
-  int64_t row_bytes() const { return int64_t{n_kv_heads} * head_dim * KvDtypeSize(kv_dtype); }
+  int64_t row_bytes() const { return KvRowBytes(kv_dtype, n_kv_heads, head_dim); }
 };
 
 struct KvChunk {

@@ -253,5 +253,90 @@ TEST(Migration, OtherKvDtypeRangeOrTooSmallBudgetIsRefused) {
   ExpectNothingLoaded(draining);
 }
 
+// The rows of session `id` (epoch 0) on `n`: per owned layer, K rows then V
+// rows of every position, as stored.
+std::string StoredRows(TestNode& n, const std::string& id) {
+  const kv::SessionHandle h = n.core->manager().Get(id, 0);
+  const kv::KvCacheRecipe& r = n.core->manager().recipe();
+  std::string out;
+  for (int layer = r.start_layer; layer <= r.end_layer; ++layer) {
+    const ops::PagedKvLayer v = h.Layer(layer);
+    for (int64_t p = 0; p < h.seq_len(); ++p)
+      out.append(reinterpret_cast<const char*>(v.KRow(p)), v.row_bytes);
+    for (int64_t p = 0; p < h.seq_len(); ++p)
+      out.append(reinterpret_cast<const char*>(v.VRow(p)), v.row_bytes);
+  }
+  return out;
+}
+
+// A q8_0 (q4_0) session moves to a node of its dtype with other paging as it
+// is: the chunks are its blocks byte for byte as the source stores them (per
+// chunk, per layer K then V), the importer stores exactly those bytes (no
+// re-quantization), and later steps give bit-identical logits.
+TEST(Migration, QuantizedKvMovesAsItIs) {
+  for (KvDtype dt : {KvDtype::kQ8_0, KvDtype::kQ4_0}) {
+    SCOPED_TRACE(KvDtypeName(dt));
+    TestNode a(dt), b(dt, 16 << 20, 4, /*block_tokens=*/3);
+    auto [id, t] = Prepared(a);
+    const Export e = Read(*a.core, id);
+    EXPECT_EQ(e.header.kv_dtype, dt);
+    EXPECT_EQ(e.header.bytes_per_token, a.core->manager().recipe().BytesPerToken());
+    const std::string rows = StoredRows(a, id);
+    const int64_t row = e.header.row_bytes(), layers = e.header.num_layers();
+    int64_t total = 0;
+    for (const KvChunk& c : e.chunks) {
+      ASSERT_EQ(static_cast<int64_t>(c.data.size()), 2 * layers * c.n_positions * row);
+      for (int64_t l = 0; l < layers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const size_t src =
+              static_cast<size_t>(((2 * l + kv) * e.header.seq_len + c.first_position) * row);
+          const size_t dst = static_cast<size_t>((2 * l + kv) * c.n_positions * row);
+          ASSERT_EQ(c.data.compare(dst, static_cast<size_t>(c.n_positions * row), rows, src,
+                                   static_cast<size_t>(c.n_positions * row)),
+                    0)
+              << "chunk " << c.index << " layer " << l << (kv == 0 ? " K" : " V");
+        }
+      }
+      total += static_cast<int64_t>(c.data.size());
+    }
+    EXPECT_EQ(total, e.header.seq_len * e.header.bytes_per_token);
+    EXPECT_EQ(Import(*b.core, e), 13);
+    EXPECT_EQ(StoredRows(b, id), rows);
+    int32_t ta = t, tb = t;
+    for (int64_t held = 13; held < 18; ++held) {
+      const StepReply ra = a.core->Step(Request(id, {ta}, false, held));
+      const StepReply rb = b.core->Step(Request(id, {tb}, false, held));
+      ASSERT_EQ(Tail(ra).logits, Tail(rb).logits) << "position " << held;
+      ta = Tail(ra).token_id;
+      tb = Tail(rb).token_id;
+    }
+  }
+}
+
+// A q8_0 session offered to an f16 or a q4_0 node is refused, naming both
+// dtypes, with nothing loaded; and an f16 one to a q8_0 node.
+TEST(Migration, AQuantizedSessionIsRefusedByANodeOfAnotherDtype) {
+  TestNode q8(KvDtype::kQ8_0), f16(KvDtype::kF16), q4(KvDtype::kQ4_0);
+  auto [id, t] = Prepared(q8);
+  const Export e = Read(*q8.core, id);
+  for (TestNode* target : {&f16, &q4}) {
+    try {
+      Import(*target->core, e);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::kIncompatibleRecipe);
+      EXPECT_NE(std::string(err.what()).find("KV dtype differs (exported q8_0, this node "),
+                std::string::npos)
+          << err.what();
+    }
+    ExpectNothingLoaded(*target);
+  }
+  auto [id16, t16] = Prepared(f16);
+  const Export e16 = Read(*f16.core, id16);
+  TestNode q8b(KvDtype::kQ8_0);
+  EXPECT_THROW(Import(*q8b.core, e16), Error);
+  ExpectNothingLoaded(q8b);
+}
+
 }  // namespace
 }  // namespace meshnet::node

@@ -28,7 +28,12 @@ Node::Node(std::shared_ptr<const gguf::GgufFile> file, const NodeOptions& option
   hp.ValidateLayerRange(range.first, range.second);
   options.kv_config.Validate();
   if (options.ggml_parity && options.kv_dtype != KvDtype::kF16) {
-    ThrowInvalidArgument("llama.cpp-parity arithmetic (--attention ggml) needs an F16 KV cache");
+    // Parity reproduces llama.cpp's default (non-flash) CPU attention, which
+    // has no quantized-V path (llama.cpp runs a q8_0 V only with -fa).
+    ThrowInvalidArgument(
+        "llama.cpp-parity arithmetic (--ggml-parity) needs an F16 KV cache "
+        "(--kv-dtype f16), not " +
+        std::string(KvDtypeName(options.kv_dtype)));
   }
   shard_ = std::make_unique<shard::LlamaShard>(std::move(file), range.first, range.second, pool,
                                                options.ggml_parity);

@@ -42,6 +42,9 @@ void NarrowRows(const std::vector<float>& rows, KvDtype dtype, std::string* out)
         std::memcpy(p + 2 * i, &h, 2);
       }
       break;
+    case KvDtype::kQ8_0:  // KV only: never a bundle's dtype (FromWireDtype)
+    case KvDtype::kQ4_0:
+      ThrowInvalidArgument("a bundle cannot be sent in a quantized KV dtype");
   }
 }
 
@@ -66,6 +69,9 @@ void WidenRows(const char* p, int64_t elems, KvDtype dtype, std::vector<float>* 
         (*out)[i] = Bf16ToFloat(h);
       }
       break;
+    case KvDtype::kQ8_0:  // refused by FromWireDtype before
+    case KvDtype::kQ4_0:
+      ThrowInvalidArgument("a bundle cannot be in a quantized KV dtype");
   }
 }
 
@@ -79,6 +85,10 @@ pb::Dtype ToWireDtype(KvDtype t) {
       return pb::DTYPE_F16;
     case KvDtype::kBF16:
       return pb::DTYPE_BF16;
+    case KvDtype::kQ8_0:
+      return pb::DTYPE_Q8_0;
+    case KvDtype::kQ4_0:
+      return pb::DTYPE_Q4_0;
   }
   return pb::DTYPE_UNSPECIFIED;
 }
@@ -96,6 +106,12 @@ KvDtype FromWireDtype(int wire) {
   }
   ThrowInvalidArgument("bundle dtype " + std::to_string(wire) +
                        " is not one of DTYPE_F32, DTYPE_F16, DTYPE_BF16");
+}
+
+KvDtype FromWireKvDtype(int wire) {
+  if (wire == pb::DTYPE_Q8_0) return KvDtype::kQ8_0;
+  if (wire == pb::DTYPE_Q4_0) return KvDtype::kQ4_0;
+  return FromWireDtype(wire);
 }
 
 void EncodeBundle(const shard::BoundaryBundle& b, int64_t route_epoch, KvDtype dtype,

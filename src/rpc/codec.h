@@ -28,8 +28,11 @@ inline constexpr int kMaxMessageBytes = 1 << 30;
 inline constexpr int kMaxStepsPerCall = 64;
 
 pb::Dtype ToWireDtype(KvDtype t);
-// DTYPE_F32/F16/BF16; kInvalidArgument for anything else (unspecified, unknown).
+// A bundle's element type: DTYPE_F32/F16/BF16; kInvalidArgument for anything
+// else (unspecified, unknown, or a KV-only quantized type).
 KvDtype FromWireDtype(int wire);
+// A session export's KV dtype: those and DTYPE_Q8_0/Q4_0.
+KvDtype FromWireKvDtype(int wire);
 
 // Encodes rows of `b` in `dtype` with a CRC32C of the payload. `route_epoch`
 // goes into the bundle (the receiver checks it against its request).

@@ -94,6 +94,16 @@ TEST(CodecTest, RejectsMalformedBundles) {
   w.set_dtype(pb::DTYPE_UNSPECIFIED);
   ExpectThrowsKind([&] { DecodeBundle(w, 4); }, ErrorKind::kInvalidArgument, "dtype");
 
+  // The quantized types name a KV export's dtype, never a bundle's.
+  for (pb::Dtype kv_only : {pb::DTYPE_Q8_0, pb::DTYPE_Q4_0}) {
+    w = good;
+    w.set_dtype(kv_only);
+    ExpectThrowsKind([&] { DecodeBundle(w, 4); }, ErrorKind::kInvalidArgument, "dtype");
+  }
+  EXPECT_EQ(FromWireKvDtype(pb::DTYPE_Q8_0), KvDtype::kQ8_0);
+  EXPECT_EQ(FromWireKvDtype(ToWireDtype(KvDtype::kQ4_0)), KvDtype::kQ4_0);
+  EXPECT_EQ(FromWireKvDtype(pb::DTYPE_F16), KvDtype::kF16);
+
   w = good;
   w.add_positions(2);
   ExpectThrowsKind([&] { DecodeBundle(w, 4); }, ErrorKind::kInvalidArgument, "positions");

@@ -48,11 +48,12 @@ const shard::TailOutput& Tail(const node::StepReply& r) {
 }
 
 struct TestNode {
-  TestNode() {
+  explicit TestNode(KvDtype dtype = KvDtype::kF16, int block_tokens = 4) {
     node::NodeOptions o;
     o.layers = node::LayerRange{0, 4};
+    o.kv_dtype = dtype;
     o.kv_config.budget_bytes = 16 << 20;
-    o.kv_config.block_tokens = 4;
+    o.kv_config.block_tokens = block_tokens;
     node = std::make_unique<node::Node>(ShippedFile(), o, nullptr);
     core = std::make_unique<node::NodeCore>(node.get());
   }
@@ -120,6 +121,49 @@ std::pair<uint32_t, std::string> ReadStatus(int fd) {
     got += static_cast<size_t>(r);
   }
   return {status, msg};
+}
+
+// Session `id`'s rows on `n` as stored: per owned layer, K then V rows.
+std::string StoredRows(TestNode& n, const std::string& id) {
+  const kv::SessionHandle h = n.core->manager().Get(id, 0);
+  const kv::KvCacheRecipe& r = n.core->manager().recipe();
+  std::string out;
+  for (int layer = r.start_layer; layer <= r.end_layer; ++layer) {
+    const ops::PagedKvLayer v = h.Layer(layer);
+    for (int64_t p = 0; p < h.seq_len(); ++p) {
+      out.append(reinterpret_cast<const char*>(v.KRow(p)), v.row_bytes);
+    }
+    for (int64_t p = 0; p < h.seq_len(); ++p) {
+      out.append(reinterpret_cast<const char*>(v.VRow(p)), v.row_bytes);
+    }
+  }
+  return out;
+}
+
+// q8_0 and q4_0 blocks go over the port as they are: the importer (other
+// paging) stores the exporter's bytes and continues with identical logits.
+TEST(KvTransfer, QuantizedBlocksGoAsTheyAre) {
+  for (KvDtype dt : {KvDtype::kQ8_0, KvDtype::kQ4_0}) {
+    SCOPED_TRACE(KvDtypeName(dt));
+    TestNode a(dt), b(dt, /*block_tokens=*/3);
+    auto [id, t] = Prepared(a);
+    KvTransferListener port(b.core.get(), Options());
+    auto exp = a.core->BeginExport(id, &kSecret);
+    const KvOffer offer = port.Offer(exp->header());
+    const int64_t sent = SendKvTransfer(*exp, "127.0.0.1", offer.port, offer.ticket, Client());
+    EXPECT_EQ(sent, 13 * a.core->manager().recipe().BytesPerToken());
+    exp.reset();
+    EXPECT_EQ(b.core->counters().kv_transfers.load(), 1);
+    EXPECT_EQ(StoredRows(b, id), StoredRows(a, id));
+    int32_t ta = t, tb = t;
+    for (int64_t held = 13; held < 17; ++held) {
+      const node::StepReply ra = a.core->Step(Request(id, {ta}, false, held));
+      const node::StepReply rb = b.core->Step(Request(id, {tb}, false, held));
+      ASSERT_EQ(Tail(ra).logits, Tail(rb).logits) << "position " << held;
+      ta = Tail(ra).token_id;
+      tb = Tail(rb).token_id;
+    }
+  }
 }
 
 TEST(KvTransfer, ASessionSentOverThePortContinuesWithIdenticalLogits) {

@@ -47,7 +47,7 @@ node::SessionExportHeader DecodeExportHeader(const pb::SessionExportHeader& in) 
   h.end_layer = in.end_layer();
   h.total_layers = in.total_layers();
   h.recipe_fingerprint = in.recipe_fingerprint();
-  h.kv_dtype = FromWireDtype(in.kv_dtype());
+  h.kv_dtype = FromWireKvDtype(in.kv_dtype());
   h.n_kv_heads = in.n_kv_heads();
   h.head_dim = in.head_dim();
   h.session_id = in.session_id();
