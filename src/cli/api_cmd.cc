@@ -243,7 +243,8 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--split", f->split, "Explicit in-process split, e.g. 0-1,2-3,4-4");
   sub->add_option("--kv-budget", f->kv_budget, "KV byte budget per in-process shard")
       ->capture_default_str();
-  sub->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: float32, float16 or bfloat16")
+  sub->add_option("--kv-dtype", f->kv_dtype,
+                  "KV cache dtype: float32, float16, bfloat16, q8_0 (half f16's bytes) or q4_0")
       ->capture_default_str();
   sub->add_flag("--ggml-parity", f->ggml_parity,
                 "Compute as llama.cpp's CPU backend does (its default attention, norms, RoPE, "

@@ -33,7 +33,8 @@ KvDtype ParseKvDtypeFlag(const std::string& s) {
     return ParseKvDtype(s);
   } catch (const Error&) {
     ThrowInvalidArgument(
-        "--kv-dtype must be float32, float16 or bfloat16 (or f32, f16, bf16); got '" + s + "'");
+        "--kv-dtype must be float32, float16, bfloat16, q8_0 or q4_0 (or f32, f16, bf16); got '" +
+        s + "'");
   }
 }
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -55,6 +57,7 @@ struct GenerateFlags {
   bool no_bos = false;
   bool special = false;
   std::string dump_logits;
+  std::string force_file;  // --force-file: teacher forcing
   int64_t ctx = 0;
   int sessions = 0;              // --sessions: the load mode (0: not given)
   bool load = false;             // --sessions was given
@@ -111,6 +114,7 @@ void CheckLoadFlags(const GenerateFlags& f) {
   CheckLoadSessions(f.sessions);
   if (!f.dump_logits.empty())
     ThrowInvalidArgument("--dump-logits is not available with --sessions");
+  if (!f.force_file.empty()) ThrowInvalidArgument("--force-file is not available with --sessions");
 }
 
 void CheckGenerateFlags(const GenerateFlags& f) {
@@ -125,6 +129,17 @@ void CheckGenerateFlags(const GenerateFlags& f) {
         "(meshnet serve --kv-budget, --layers, --kv-dtype, --ggml-parity, --threads, "
         "--max-batch-*)");
   }
+}
+
+// The text of --force-file (at most 16 MiB).
+std::string ReadForceFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ThrowInvalidArgument("cannot read --force-file '" + path + "'");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > (size_t{16} << 20)) {
+    ThrowInvalidArgument("--force-file '" + path + "' is larger than 16 MiB");
+  }
+  return text;
 }
 
 // Length limit, sampling, stop tokens and Ctrl-C handling of a generation.
@@ -150,6 +165,9 @@ mesh::GenerateOptions MakeGenerateOptions(const GenerateFlags& f, const gguf::Gg
   if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
   options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
   options.prefill_chunk = f.prompt_chunk;
+  if (!f.force_file.empty()) {
+    options.forced_ids = tokenizer.Tokenize(ReadForceFile(f.force_file), false, f.special);
+  }
   return options;
 }
 
@@ -270,8 +288,8 @@ void AddGenerateModelFlags(CLI::App* sub, GenerateFlags* f, std::vector<CLI::Opt
                                  "KV byte budget per in-process shard, e.g. 64MiB")
                      ->capture_default_str();
   auto* dtype = sub->add_option("--kv-dtype", f->kv_dtype,
-                                "KV cache dtype of the in-process shards: float32, float16 "
-                                "or bfloat16 (or f32, f16, bf16)")
+                                "KV cache dtype of the in-process shards: float32, float16, "
+                                "bfloat16 (or f32, f16, bf16), q8_0 (half f16's bytes) or q4_0")
                     ->capture_default_str();
   auto* parity =
       sub->add_flag("--ggml-parity", f->ggml_parity,
@@ -292,6 +310,10 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
   sub->add_flag("--special", f->special, "Parse control tokens (e.g. <|im_start|>) in the prompt");
   sub->add_option("--dump-logits", f->dump_logits,
                   "Write each step's logits to this file, one JSON array per line");
+  sub->add_option("--force-file", f->force_file,
+                  "Teacher forcing: the generated tokens are this text's (tokenized without "
+                  "BOS), up to --max-tokens, whatever the model samples; with --dump-logits, "
+                  "the logits at each of its positions (e.g. to compare KV dtypes)");
   sub->add_option("--ctx", f->ctx,
                   "Context length to stay within (0 = the model's); a longer prompt is "
                   "refused, generation stops when it is full")

@@ -198,7 +198,8 @@ void AddServeNodeFlags(CLI::App* sub, ServeFlags* f) {
   sub->add_option("--ttl", f->ttl_s, "Idle seconds before a session expires (0 = never)")
       ->capture_default_str();
   sub->add_option("--kv-dtype", f->kv_dtype,
-                  "KV cache dtype: float32, float16 or bfloat16 (or f32, f16, bf16)")
+                  "KV cache dtype: float32, float16, bfloat16 (or f32, f16, bf16), q8_0 "
+                  "(8.5 bits a value, half f16's bytes) or q4_0 (4.5 bits)")
       ->capture_default_str();
   sub->add_flag("--ggml-parity", f->ggml_parity,
                 "Compute as llama.cpp's CPU backend does (its default attention, norms, "

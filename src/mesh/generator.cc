@@ -240,7 +240,8 @@ class GenerationLoop {
 
   // Takes the step's token; false when it ends the generation (EOS or a stop id).
   bool Accept(const StepOutcome& step) {
-    const int32_t token = *step.token;
+    const size_t i = result_.generated_ids.size();
+    const int32_t token = i < options_.forced_ids.size() ? options_.forced_ids[i] : *step.token;
     if (events_.on_logits) events_.on_logits(step.logits);
     if (options_.eos_id && token == *options_.eos_id) {
       result_.stop_reason = "eos";

@@ -111,6 +111,11 @@ struct GenerateOptions {
   // every message's activations and, on nodes with cores of their own,
   // overlaps the hops' work on a long prompt.
   int64_t prefill_chunk = 0;
+  // Teacher forcing (scoring a text): generated token i is forced_ids[i]
+  // whatever the tail sampled (on_logits still sees the logits of that step,
+  // on_token and generated_ids the forced token); past the end, sampling as
+  // usual. EOS and stop ids end generation as when sampled.
+  std::vector<int32_t> forced_ids;
 };
 
 struct GenerateEvents {

@@ -261,6 +261,33 @@ TEST(Generator, StopsAtEos) {
   EXPECT_EQ(r.generated_ids, std::vector<int32_t>(expected.begin(), expected.begin() + first));
 }
 
+// Teacher forcing: the forced tokens are fed (and reported) in place of the
+// sampled ones, each step's logits are still the model's own prediction at
+// that point, and sampling takes over after the last forced token.
+TEST(Generator, ForcedIdsAreFedWhateverIsSampled) {
+  ToyProvider p;
+  GenerateOptions o = Opts(5);
+  o.forced_ids = {5, 17, 3};
+  std::vector<int32_t> predicted;
+  GenerateEvents ev;
+  ev.on_logits = [&](std::span<const float> l) {
+    predicted.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+  };
+  GenerateResult r = Generate(p, kPrompt, o, ev);
+  std::vector<int32_t> history = kPrompt, want_predicted;
+  for (int32_t t : o.forced_ids) {
+    want_predicted.push_back(NextToken(history));
+    history.push_back(t);
+  }
+  const std::vector<int32_t> free = Expected(history, 2);
+  want_predicted.insert(want_predicted.end(), free.begin(), free.end());
+  std::vector<int32_t> want = o.forced_ids;
+  want.insert(want.end(), free.begin(), free.end());
+  EXPECT_EQ(r.generated_ids, want);
+  EXPECT_EQ(predicted, want_predicted);
+  ASSERT_NE(predicted[0], o.forced_ids[0]);  // the forcing is visible
+}
+
 TEST(Generator, RejectsBadArguments) {
   ToyProvider p;
   EXPECT_THROW(Generate(p, {}, Opts(3)), Error);

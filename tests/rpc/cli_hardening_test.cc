@@ -222,6 +222,10 @@ TEST_F(CliHardeningTest, GgmlParityGeneratesLlamaCppText) {
   const CliResult bad = run("f32");
   EXPECT_EQ(bad.exit_code, 2) << Describe(bad);
   EXPECT_THAT(bad.err, HasSubstr("needs an F16 KV cache")) << Describe(bad);
+  const CliResult quant = run("q8_0");  // llama.cpp's default attention has no q8_0 V
+  EXPECT_EQ(quant.exit_code, 2) << Describe(quant);
+  EXPECT_THAT(quant.err, HasSubstr("needs an F16 KV cache (--kv-dtype f16), not q8_0"))
+      << Describe(quant);
 }
 
 // In-process-only flags are an error with --nodes, not silently ignored.
