@@ -180,6 +180,29 @@ TEST_F(CliHardeningTest, DefaultKvCacheIsFloat16) {
   EXPECT_THAT(full.err, HasSubstr("exceeds the KV budget")) << Describe(full);
 }
 
+// --kv-dtype q8_0 stores 10 bytes a head of 8 where f16 stores 16: a budget
+// of 6 KiB per shard (two q8_0 blocks of 16 positions, one f16 block) holds a
+// 20-token generation in q8_0 and refuses it in f16, naming the budget.
+TEST_F(CliHardeningTest, QuantizedKvCacheHoldsMoreTokensInTheSameBudget) {
+  const std::vector<std::string> args = {
+      "generate",  "--prompt", "Once upon a time", "--max-tokens", "20",
+      "--threads", "1",        "--kv-budget",      "6KiB",         "--kv-dtype"};
+  std::vector<std::string> q8 = args, f16 = args;
+  q8.push_back("q8_0");
+  f16.push_back("f16");
+  const CliResult quant = Run(q8);
+  EXPECT_EQ(quant.exit_code, 0) << Describe(quant);
+  EXPECT_THAT(quant.out, HasSubstr("Once upon a time")) << Describe(quant);
+  const CliResult half = Run(f16);
+  EXPECT_EQ(half.exit_code, 2) << Describe(half);
+  EXPECT_THAT(half.err, HasSubstr("exceeds the KV budget")) << Describe(half);
+  std::vector<std::string> bad = args;
+  bad.push_back("q5_0");
+  const CliResult unknown = Run(bad);
+  EXPECT_EQ(unknown.exit_code, 2) << Describe(unknown);
+  EXPECT_THAT(unknown.err, HasSubstr("q8_0 or q4_0")) << Describe(unknown);
+}
+
 // The batching flags are range-checked before anything starts: exit 2 naming
 // the flag, on serve, generate and api alike.
 TEST_F(CliHardeningTest, BatchFlagsOutOfRangeExitTwo) {

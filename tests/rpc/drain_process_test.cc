@@ -49,10 +49,12 @@ mesh::GenerateOptions Options() {
   return o;
 }
 
-std::vector<int32_t> Reference(const std::vector<int32_t>& prompt) {
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
+                               KvDtype kv_dtype = KvDtype::kF16) {
   static auto file = std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(kModel));
   mesh::InProcessMeshOptions mo;
   mo.split = {{0, 1}, {2, 3}, {4, 4}};
+  mo.kv_dtype = kv_dtype;
   mesh::InProcessMesh mesh(file, mo, nullptr);
   mesh::FixedRouteProvider p(mesh.route());
   return mesh::Generate(p, prompt, Options()).generated_ids;
@@ -91,10 +93,11 @@ using Gate = testing::SessionGate;  // holds sessions at kPauseAt tokens
 class DrainProcessTest : public ::testing::Test {
  protected:
   std::unique_ptr<NodeProcess> Start(const std::string& layers, std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--model",          kModel,        "--layers",       layers,
-                                     "--threads",        "1",           "--max-sessions", "32",
-                                     "--metrics-listen", "127.0.0.1:0", "--grace",        "60",
-                                     "--admin-token",    kAdmin};
+    std::vector<std::string> args = {
+        "--model",          kModel,        "--layers",       layers,
+        "--threads",        "1",           "--max-sessions", "32",
+        "--metrics-listen", "127.0.0.1:0", "--grace",        "60",
+        "--admin-token",    kAdmin,        "--kv-dtype",     std::string(KvDtypeName(kv_dtype_))};
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string log = dir_.file("node-" + std::to_string(++started_) + ".log");
     return std::make_unique<NodeProcess>(MESHNET_BINARY, args, log, /*expect_metrics=*/true);
@@ -172,6 +175,7 @@ class DrainProcessTest : public ::testing::Test {
   }
 
   testing::ScratchDir dir_;
+  KvDtype kv_dtype_ = KvDtype::kF16;  // every node's
   int started_ = 0;
   std::unique_ptr<NodeProcess> head_, mid0_, mid1_, tail_;
   std::vector<std::shared_ptr<RemoteEndpoint>> hops_;
@@ -179,18 +183,26 @@ class DrainProcessTest : public ::testing::Test {
 };
 
 // The replica takes the KV over its transfer port (the default), or with
-// --kv-transfer-port -1 over the gRPC stream: the same outcome either way.
-class DrainPathTest : public DrainProcessTest, public ::testing::WithParamInterface<bool> {};
+// --kv-transfer-port -1 over the gRPC stream: the same outcome either way;
+// and so with every node's KV in q8_0 (over gRPC) or q4_0 (over the port):
+// their blocks move as they are, and the output is the in-process run's with
+// that dtype.
+struct DrainCase {
+  bool over_grpc;
+  KvDtype kv_dtype;
+};
+class DrainPathTest : public DrainProcessTest, public ::testing::WithParamInterface<DrainCase> {};
 
 TEST_P(DrainPathTest, DrainedReplicaHandsSixteenSessionsOverWithoutRePrefill) {
-  const bool over_grpc = GetParam();
+  const bool over_grpc = GetParam().over_grpc;
+  kv_dtype_ = GetParam().kv_dtype;
   StartMesh({}, over_grpc ? std::vector<std::string>{"--kv-transfer-port", "-1"}
                           : std::vector<std::string>{});
   int status = -1;
   const std::vector<mesh::GenerateResult> results = RunAndDrain(16, &status);
   int moved = 0;
   for (int i = 0; i < 16; ++i) {
-    EXPECT_EQ(results[i].generated_ids, Reference(Prompt(i))) << "session " << i;
+    EXPECT_EQ(results[i].generated_ids, Reference(Prompt(i), kv_dtype_)) << "session " << i;
     EXPECT_EQ(results[i].re_prefills, 0) << "session " << i;
     EXPECT_EQ(results[i].failovers, 0) << "session " << i;
     EXPECT_EQ(results[i].moves, i % 2 == 0 ? 1 : 0) << "session " << i;
@@ -211,8 +223,17 @@ TEST_P(DrainPathTest, DrainedReplicaHandsSixteenSessionsOverWithoutRePrefill) {
   EXPECT_EQ(Metric(*mid1_, "meshnet_kv_transfers_total"), over_grpc ? 0 : 8);
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, DrainPathTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Grpc" : "TransferPort"; });
+INSTANTIATE_TEST_SUITE_P(Paths, DrainPathTest,
+                         ::testing::Values(DrainCase{false, KvDtype::kF16},
+                                           DrainCase{true, KvDtype::kF16},
+                                           DrainCase{true, KvDtype::kQ8_0},
+                                           DrainCase{false, KvDtype::kQ4_0}),
+                         [](const auto& info) {
+                           std::string name = info.param.over_grpc ? "Grpc" : "TransferPort";
+                           if (info.param.kv_dtype == KvDtype::kQ8_0) name += "Q8_0";
+                           if (info.param.kv_dtype == KvDtype::kQ4_0) name += "Q4_0";
+                           return name;
+                         });
 
 TEST_F(DrainProcessTest, CorruptedTransferIsRejectedAndTheSessionRePrefills) {
   // The drained node flips one byte of its first export in flight.
