@@ -54,21 +54,24 @@ inline std::string MakeLlama768(const std::filesystem::path& dir, const std::str
   return path;
 }
 
-// The same model (general.name "meshnet-random", context 1024, the shipped
-// tokenizer `tokenizer_from`), kept across runs as
-// $MESHNET_BENCH_DIR/llama768-<TYPE>.gguf (default dir /tmp/meshnet-bench):
-// written once, to a temporary name first, so a run cut short leaves no half file.
-inline std::string CachedLlama768(GgmlType type, const std::string& tokenizer_from) {
+// The same model (general.name "meshnet-random", context 1024 unless given,
+// the shipped tokenizer `tokenizer_from`), kept across runs as
+// $MESHNET_BENCH_DIR/llama768-<TYPE>.gguf (-ctx<N> before .gguf for another
+// context; default dir /tmp/meshnet-bench): written once, to a temporary name
+// first, so a run cut short leaves no half file.
+inline std::string CachedLlama768(GgmlType type, const std::string& tokenizer_from,
+                                  int64_t context = 1024) {
   const char* dir_env = std::getenv("MESHNET_BENCH_DIR");
   const std::filesystem::path dir = dir_env ? dir_env : "/tmp/meshnet-bench";
   std::filesystem::create_directories(dir);
+  const std::string suffix = context == 1024 ? "" : "-ctx" + std::to_string(context);
   const std::filesystem::path path =
-      dir / (std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + ".gguf");
+      dir / (std::string("llama768-") + std::string(GgmlTypeInfoOf(type).name) + suffix + ".gguf");
   if (!std::filesystem::exists(path)) {
     gguf::MakeModelOptions o;  // 768-dim, 12 layers, 12 heads, n_ff 2048
     o.type = type;
     o.seed = 7;
-    o.context = 1024;
+    o.context = context;
     const std::string tmp = path.string() + ".tmp" + std::to_string(getpid());
     gguf::MakeModel(o, tokenizer_from, tmp);
     std::filesystem::rename(tmp, path);

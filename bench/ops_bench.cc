@@ -686,7 +686,7 @@ void BM_AttentionF16(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionF16)->ArgsProduct({{8, 64}, {512}, {0, 1}})->MinTime(0.2);
 
-// One decode token for each of 16 sessions, batched as a node runs it
+// One decode token for each of 16 sessions (or 1 with 4,096 positions), batched as a node runs it
 // (ops::AttentionBatch): 12 query and 12 KV heads of 64 (768-dim), each
 // session reading its own paged cache of `ctx` positions (16-position blocks,
 // K plane then V plane, blocks of all sessions interleaved as a shared pool
@@ -696,13 +696,14 @@ BENCHMARK(BM_AttentionF16)->ArgsProduct({{8, 64}, {512}, {0, 1}})->MinTime(0.2);
 // roofline at decode; 1.0 would be a pure stream). speed_vs_f16 (q8_0, q4_0):
 // the F16 run's time per batch at the same ctx and threads, measured earlier
 // in this run, over this one's.
-std::map<std::pair<int64_t, int>, double> g_f16_batch_seconds;
+std::map<std::tuple<int64_t, int, int>, double> g_f16_batch_seconds;
 
 void BM_AttentionBatch(benchmark::State& state) {
   const auto dtype = static_cast<KvDtype>(state.range(0));
   const int64_t ctx = state.range(1);
   const int threads = static_cast<int>(state.range(2));
-  constexpr int kSessions = 16, kHeads = 12, kHd = 64, kBlock = 16, kLayers = 12;
+  const int kSessions = static_cast<int>(state.range(3));
+  constexpr int kHeads = 12, kHd = 64, kBlock = 16, kLayers = 12;
   const auto row_bytes = static_cast<size_t>(KvRowBytes(dtype, kHeads, kHd));
   const size_t block_bytes = 2 * kBlock * row_bytes;
   const int64_t blocks_per_seq = (ctx + kBlock - 1) / kBlock;
@@ -757,8 +758,8 @@ void BM_AttentionBatch(benchmark::State& state) {
   const double per_batch =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
       static_cast<double>(state.iterations());
-  if (dtype == KvDtype::kF16) g_f16_batch_seconds[{ctx, threads}] = per_batch;
-  const auto f16 = g_f16_batch_seconds.find({ctx, threads});
+  if (dtype == KvDtype::kF16) g_f16_batch_seconds[{ctx, threads, kSessions}] = per_batch;
+  const auto f16 = g_f16_batch_seconds.find({ctx, threads, kSessions});
   if (IsQuantizedKv(dtype) && f16 != g_f16_batch_seconds.end()) {
     state.counters["speed_vs_f16"] = f16->second / per_batch;
   }
@@ -773,10 +774,13 @@ void AttentionBatchArgs(benchmark::internal::Benchmark* b) {
   for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0, KvDtype::kQ4_0}) {
     for (int64_t ctx : {64, 512, 1024}) {
       if (dt == KvDtype::kF32 && ctx > 512) continue;  // 1.2 GB of caches
-      for (int64_t threads : {1, 2}) b->Args({static_cast<int64_t>(dt), ctx, threads});
+      for (int64_t threads : {1, 2}) b->Args({static_cast<int64_t>(dt), ctx, threads, 16});
     }
+    if (dt == KvDtype::kF32) continue;
+    for (int64_t threads : {1, 2})
+      b->Args({static_cast<int64_t>(dt), 4096, threads, 1});  // one long
   }
-  b->ArgNames({"kv", "ctx", "threads"});
+  b->ArgNames({"kv", "ctx", "threads", "sessions"});
 }
 BENCHMARK(BM_AttentionBatch)->Apply(AttentionBatchArgs)->UseRealTime()->MinTime(0.2);
 
