@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -16,6 +18,39 @@
 #include "ops/nn_test_util.h"
 #include "util/dtype.h"
 #include "util/error.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define MESHNET_TSAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MESHNET_TSAN_BUILD 1
+#endif
+#endif
+
+// Counts allocations made by the current thread (the kernels must make none).
+namespace {
+thread_local int64_t t_allocations = 0;
+}  // namespace
+
+#ifdef MESHNET_TSAN_BUILD
+// clang links its TSan runtime whole (with its own operator new), so a
+// replacement would not link: count through the sanitizer's malloc hooks.
+#include <sanitizer/allocator_interface.h>
+namespace {
+void OnMalloc(const volatile void*, size_t) { ++t_allocations; }
+void OnFree(const volatile void*) {}
+[[maybe_unused]] const int kHooksInstalled =
+    __sanitizer_install_malloc_and_free_hooks(OnMalloc, OnFree);
+}  // namespace
+#else
+void* operator new(std::size_t size) {
+  ++t_allocations;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#endif
 
 namespace meshnet::ops {
 namespace {
@@ -201,6 +236,28 @@ TEST(QuantAttention, BatchOfMixedDtypesEqualsEachAlone) {
     }
     AttentionBatch(seqs.data(), static_cast<int64_t>(seqs.size()), cfg, p);
     for (size_t i = 0; i < shapes.size(); ++i) EXPECT_EQ(got[i], want[i]) << "sequence " << i;
+  }
+}
+
+// A decode step's kernels over a quantized cache allocate nothing: the row
+// store (the quantizer) and the fused attention, alone and batched, on the
+// calling thread (the query codes and scales live on the kernel's stack).
+TEST(QuantAttention, StoreAndAttentionAllocateNothing) {
+  for (KvDtype dt : {KvDtype::kQ8_0, KvDtype::kQ4_0}) {
+    const int n_heads = 8, n_kv = 2, hd = 72;
+    PagedKv kv(40, 16, 1, 0, n_kv, hd, dt);
+    FillRandom(&kv, 39, 5);
+    const auto row = Random(n_kv * hd, 6);
+    const auto q = Random(n_heads * hd, 7);
+    std::vector<float> out(q.size());
+    const AttentionConfig cfg{n_heads, hd, 0.0f};
+    AttentionSeq seq{q.data(), 1, 39, &kv.layer, out.data()};
+    const int64_t before = t_allocations;
+    StoreKvRow(kv.layer, true, 39, row.data());
+    StoreKvRow(kv.layer, false, 39, row.data());
+    Attention(q.data(), 1, 39, kv.layer, cfg, out.data(), nullptr);
+    AttentionBatch(&seq, 1, cfg, nullptr);
+    EXPECT_EQ(t_allocations, before) << KvDtypeName(dt);
   }
 }
 
