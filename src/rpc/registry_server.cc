@@ -32,12 +32,6 @@ namespace {
 
 constexpr double kMaxWaitS = 60.0;
 
-// "ipv4:10.0.0.7:5123" -> "ipv4:10.0.0.7": a caller's address, any port.
-std::string PeerHost(const std::string& peer) {
-  const size_t colon = peer.rfind(':');
-  return colon == std::string::npos ? peer : peer.substr(0, colon);
-}
-
 // Calls in progress, at most `total` at once and `per_peer` per caller
 // address; TryEnter refuses at once when either is reached.
 class CallSlots {

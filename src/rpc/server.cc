@@ -61,12 +61,6 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
-// "ipv4:10.0.0.7:5123" -> "ipv4:10.0.0.7": a client address, any port.
-std::string PeerHost(const std::string& peer) {
-  const size_t colon = peer.rfind(':');
-  return colon == std::string::npos ? peer : peer.substr(0, colon);
-}
-
 // The peer a per-peer limit applies to: the identity of its client
 // certificate under mutual TLS, else its address without the port.
 std::string PeerKey(const grpc::ServerContext& ctx) {

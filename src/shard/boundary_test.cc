@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "util/error.h"
 
@@ -30,8 +31,8 @@ TEST(Role, FromRange) {
   EXPECT_FALSE(mid.is_head() || mid.is_tail());
   ShardRole both = RoleForRange(0, 4, 5);
   EXPECT_TRUE(both.is_head() && both.is_tail());
-  for (auto [a, b, n] : {std::tuple{-1, 1, 5}, {2, 1, 5}, {0, 5, 5}, {0, 0, 0}}) {
-    EXPECT_EQ(KindOf([&] { RoleForRange(a, b, n); }), ErrorKind::kInvalidArgument);
+  for (const auto& range : {std::tuple{-1, 1, 5}, {2, 1, 5}, {0, 5, 5}, {0, 0, 0}}) {
+    EXPECT_EQ(KindOf([&] { std::apply(RoleForRange, range); }), ErrorKind::kInvalidArgument);
   }
 }
 

@@ -89,4 +89,9 @@ std::string CanonicalHostPort(std::string_view address) {
   return CanonicalName(address, host) + ":" + port;
 }
 
+std::string PeerHost(std::string_view peer) {
+  const size_t colon = peer.rfind(':');
+  return std::string(colon == std::string_view::npos ? peer : peer.substr(0, colon));
+}
+
 }  // namespace meshnet

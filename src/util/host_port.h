@@ -27,4 +27,9 @@ namespace meshnet {
 
 std::string CanonicalHostPort(std::string_view address);
 
+// A gRPC peer string without its port: "ipv4:10.0.0.7:5123" ->
+// "ipv4:10.0.0.7", "ipv6:[::1]:5123" -> "ipv6:[::1]" (one caller, any port).
+// Thread-safety: pure function.
+std::string PeerHost(std::string_view peer);
+
 }  // namespace meshnet
