@@ -122,7 +122,25 @@ void ParsePrompt(const ordered_json& body, CompletionRequest& r) {
 }  // namespace
 
 ordered_json ParseJsonBody(const std::string& body) {
-  ordered_json j = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  // nlohmann's parser keeps its own stack, but copying, dumping and comparing
+  // a value recurse once per level, so a body nested tens of thousands deep
+  // would overflow the stack later (in a template, an error message, a
+  // copy). The callback sees every container open with its depth; deeper
+  // than the limit it is discarded (never built) and the body refused.
+  bool too_deep = false;
+  const ordered_json::parser_callback_t limit =
+      [&too_deep](int depth, ordered_json::parse_event_t event, ordered_json&) {
+        const bool opens = event == ordered_json::parse_event_t::object_start ||
+                           event == ordered_json::parse_event_t::array_start;
+        if (opens && depth >= kMaxJsonDepth) too_deep = true;
+        return !too_deep;
+      };
+  ordered_json j = ordered_json::parse(body, limit, /*allow_exceptions=*/false);
+  if (too_deep) {
+    ThrowBadRequest(
+        "the request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels", "",
+        "json_too_deep");
+  }
   if (j.is_discarded()) ThrowBadRequest("the request body is not valid JSON", "", "invalid_json");
   if (!j.is_object()) ThrowBadRequest("the request body must be a JSON object");
   return j;

@@ -49,8 +49,13 @@ CompletionRequest ParseCompletionRequest(const nlohmann::ordered_json& body, boo
 // The messages array of a chat request or of /apply-template.
 std::vector<ChatMessage> ParseMessages(const nlohmann::ordered_json& messages);
 
+// The deepest nesting of arrays and objects a request body may have.
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses a request body, keeping key order (chat templates print tools and
-// messages as the client sent them); invalid JSON or a non-object is a 400.
+// messages as the client sent them); invalid JSON, a non-object or nesting
+// deeper than kMaxJsonDepth (code json_too_deep, refused while parsing: no
+// deeper value is ever built) is a 400.
 nlohmann::ordered_json ParseJsonBody(const std::string& body);
 
 }  // namespace meshnet::api

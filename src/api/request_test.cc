@@ -45,6 +45,36 @@ TEST(Request, ToolMessagesKeepTheirExtraFields) {
   EXPECT_EQ(m[1].extra["tool_call_id"], "c1");
 }
 
+// The error code of ParseJsonBody(body), "" when it parses.
+std::string ParseError(const std::string& body) {
+  try {
+    ParseJsonBody(body);
+    return "";
+  } catch (const ApiError& e) {
+    return e.ToJson()["error"]["code"].is_string() ? e.ToJson()["error"]["code"].get<std::string>()
+                                                   : "?";
+  }
+}
+
+std::string Nested(int depth, char open = '[', char close = ']') {
+  return std::string(static_cast<size_t>(depth), open) +
+         std::string(static_cast<size_t>(depth), close);
+}
+
+// kMaxJsonDepth levels parse; one more is json_too_deep, also when the deep
+// value sits in a field no handler reads or is a mix of arrays and objects;
+// 200,000 levels are refused without building them (nlohmann's dump and copy
+// recursed once per level: SIGSEGV).
+TEST(Request, BodiesNestedBeyondTheLimitAreRefusedWhileParsing) {
+  EXPECT_EQ(ParseError("{\"x\":" + Nested(kMaxJsonDepth - 1) + "}"), "");
+  EXPECT_EQ(ParseError("{\"x\":" + Nested(kMaxJsonDepth) + "}"), "json_too_deep");
+  std::string mixed = "{";
+  for (int i = 0; i < kMaxJsonDepth; ++i) mixed += i % 2 ? "\"a\":{" : "\"b\":[{";
+  EXPECT_EQ(ParseError(mixed), "json_too_deep");  // refused before the body even ends
+  EXPECT_EQ(ParseError("{\"x\":" + Nested(200000) + "}"), "json_too_deep");
+  EXPECT_EQ(ParseError("{\"x\":[1,2"), "invalid_json");
+}
+
 TEST(ChatFormatter, WithoutATemplateRendersChatMl) {
   const ChatFormatter f;
   EXPECT_EQ(f.kind(), "chatml");
