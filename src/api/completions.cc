@@ -4,8 +4,8 @@
 #include <string>
 
 #include "api/api_error.h"
-#include "api/connection_watch.h"
 #include "api/handlers.h"
+#include "http/hardened_server.h"
 #include "mesh/generator.h"
 #include "node/identity.h"
 
@@ -146,10 +146,10 @@ void SetJson(httplib::Response& res, const json& j, int status) {
                   "application/json");
 }
 
-void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Response& res,
-                      bool chat) {
+void HandleCompletion(Engine& engine, const httplib::Request&, std::string body,
+                      httplib::Response& res, bool chat) {
   const Clock::time_point arrival = Clock::now();
-  const CompletionRequest r = ParseCompletionRequest(ParseJsonBody(req.body), chat);
+  const CompletionRequest r = ParseCompletionRequest(ParseJsonBody(body), chat);
   PreparedGeneration gen = engine.Prepare(r);
   switch (engine.admission().Acquire()) {
     case Admission::Outcome::kAdmitted:
@@ -169,9 +169,10 @@ void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Resp
   head.include_usage = r.include_usage;
   if (!r.stream) {
     // Nothing is written until the end: the hang-up is seen on the socket.
-    const ConnectionWatch client(req);
+    http::Connection* client = http::CurrentConnection();
     const GenerationOutcome o = engine.Run(
-        gen, arrival, [](const std::string&) { return true; }, [&client] { return client.Gone(); });
+        gen, arrival, [](const std::string&) { return true; },
+        [client] { return client != nullptr && client->ClientGone(); });
     SetJson(res, FullResponse(head, o));
     return;
   }
@@ -187,8 +188,9 @@ void HandleCompletion(Engine& engine, const httplib::Request& req, httplib::Resp
   });
 }
 
-void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Response& res) {
-  const nlohmann::ordered_json body = ParseJsonBody(req.body);
+void HandleTokenize(Engine& engine, const httplib::Request&, std::string text,
+                    httplib::Response& res) {
+  const nlohmann::ordered_json body = ParseJsonBody(text);
   auto it = body.find("content");
   if (it == body.end() || !it->is_string())
     ThrowBadRequest("'content' must be a string", "content");
@@ -208,12 +210,13 @@ void HandleTokenize(Engine& engine, const httplib::Request& req, httplib::Respon
   SetJson(res, {{"tokens", ids}});
 }
 
-void HandleDetokenize(Engine& engine, const httplib::Request& req, httplib::Response& res) {
-  const nlohmann::ordered_json body = ParseJsonBody(req.body);
+void HandleDetokenize(Engine& engine, const httplib::Request&, std::string text,
+                      httplib::Response& res) {
+  const nlohmann::ordered_json body = ParseJsonBody(text);
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array()) ThrowBadRequest("'tokens' must be an array", "tokens");
   std::vector<int32_t> ids;
-  for (const json& t : *it) {
+  for (const nlohmann::ordered_json& t : *it) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
         t.get<int64_t>() >= engine.tokenizer().vocab_size()) {
       ThrowBadRequest("'tokens' must hold ids in [0, " +
@@ -225,8 +228,9 @@ void HandleDetokenize(Engine& engine, const httplib::Request& req, httplib::Resp
   SetJson(res, {{"content", engine.tokenizer().Decode(ids)}});
 }
 
-void HandleApplyTemplate(Engine& engine, const httplib::Request& req, httplib::Response& res) {
-  const nlohmann::ordered_json body = ParseJsonBody(req.body);
+void HandleApplyTemplate(Engine& engine, const httplib::Request&, std::string text,
+                         httplib::Response& res) {
+  const nlohmann::ordered_json body = ParseJsonBody(text);
   auto it = body.find("messages");
   if (it == body.end()) ThrowBadRequest("'messages' is required", "messages");
   nlohmann::ordered_json tools = body.value("tools", nlohmann::ordered_json());

@@ -60,6 +60,10 @@ struct ApiFlags {
   int max_concurrent = 8;
   int queue = 64;
   std::string max_body = "1MiB";
+  double head_timeout_s = 10.0;
+  double body_timeout_s = 60.0;
+  int max_connections = 512;
+  int max_connections_per_ip = 64;
   int64_t ctx = 0;
   std::string chat_template;
   double grace_s = 10.0;
@@ -98,6 +102,18 @@ void Validate(const ApiFlags& f) {
   if (!(f.grace_s >= 0)) ThrowInvalidArgument("--grace must be >= 0 seconds");
   if (f.threads < 0) ThrowInvalidArgument("--threads must be >= 0");
   if (ParseByteSize(f.max_body) <= 0) ThrowInvalidArgument("--max-body must be positive");
+  if (!(f.head_timeout_s > 0 && f.head_timeout_s <= 3600)) {
+    ThrowInvalidArgument("--head-timeout must be in (0, 3600] seconds");
+  }
+  if (!(f.body_timeout_s > 0 && f.body_timeout_s <= 3600)) {
+    ThrowInvalidArgument("--body-timeout must be in (0, 3600] seconds");
+  }
+  if (f.max_connections < 1 || f.max_connections > 100000) {
+    ThrowInvalidArgument("--max-connections must be in 1..100000");
+  }
+  if (f.max_connections_per_ip < 1 || f.max_connections_per_ip > f.max_connections) {
+    ThrowInvalidArgument("--max-connections-per-ip must be in 1..--max-connections");
+  }
 }
 
 // The route: an in-process mesh (owned here) or a shared remote provider.
@@ -174,9 +190,14 @@ api::ServerOptions MakeServerOptions(const ApiFlags& f) {
   so.tls_cert = f.tls_cert;
   so.tls_key = f.tls_key;
   so.max_body_bytes = static_cast<size_t>(ParseByteSize(f.max_body));
-  // Every admitted or queued request holds a connection thread, plus room for
-  // /health, /metrics and the 429 answers.
+  // Every admitted or queued request holds a worker thread, plus room for
+  // /health, /metrics and the 429 answers. Connections waiting for a request
+  // (idle, or sending a head) hold none.
   so.worker_threads = f.max_concurrent + f.queue + 8;
+  so.head_timeout_s = f.head_timeout_s;
+  so.body_timeout_s = f.body_timeout_s;
+  so.max_connections = f.max_connections;
+  so.max_connections_per_ip = f.max_connections_per_ip;
   return so;
 }
 
@@ -224,12 +245,42 @@ int RunApi(const ApiFlags& f) {
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "meshnet api: %s, stopping (grace %.1fs)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s);
-  engine.BeginShutdown(std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(f.grace_s)));
-  server.Stop();
+  const auto grace_end = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(f.grace_s));
+  engine.BeginShutdown(grace_end);
+  // Connections not in a handler close now; generations stop before their
+  // next token at the end of the grace; a second later whatever is still
+  // open (a client that does not read its stream) is shut down.
+  server.Stop(grace_end + std::chrono::seconds(1));
   serving.join();
   return 0;
+}
+
+// The HTTP side: keys, TLS, admission and the front door's limits.
+void AddServerFlags(CLI::App* sub, ApiFlags* f) {
+  sub->add_option("--api-key", f->api_key,
+                  "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");
+  sub->add_option("--tls-cert", f->tls_cert, "Serve HTTPS with this certificate (PEM)");
+  sub->add_option("--tls-key", f->tls_key, "Private key (PEM) for --tls-cert");
+  sub->add_option("--max-concurrent", f->max_concurrent, "Generations running at once")
+      ->capture_default_str();
+  sub->add_option("--queue", f->queue, "Generations waiting for a slot (more: 429)")
+      ->capture_default_str();
+  sub->add_option("--max-body", f->max_body, "Largest request body (more: 413)")
+      ->capture_default_str();
+  sub->add_option("--head-timeout", f->head_timeout_s,
+                  "Seconds a request head may take after its first byte (more: 408)")
+      ->capture_default_str();
+  sub->add_option("--body-timeout", f->body_timeout_s,
+                  "Seconds a request body may take after its head (more: 408)")
+      ->capture_default_str();
+  sub->add_option("--max-connections", f->max_connections,
+                  "Connections open at once (more: refused)")
+      ->capture_default_str();
+  sub->add_option("--max-connections-per-ip", f->max_connections_per_ip,
+                  "Connections open at once from one IPv4 address or IPv6 /64 (more: 503)")
+      ->capture_default_str();
 }
 
 void AddFlags(CLI::App* sub, ApiFlags* f) {
@@ -266,16 +317,7 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
       ->capture_default_str();
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
   AddPromptChunkFlag(sub, &f->prompt_chunk);
-  sub->add_option("--api-key", f->api_key,
-                  "Require 'Authorization: Bearer KEY' (or env MESHNET_API_KEY)");
-  sub->add_option("--tls-cert", f->tls_cert, "Serve HTTPS with this certificate (PEM)");
-  sub->add_option("--tls-key", f->tls_key, "Private key (PEM) for --tls-cert");
-  sub->add_option("--max-concurrent", f->max_concurrent, "Generations running at once")
-      ->capture_default_str();
-  sub->add_option("--queue", f->queue, "Generations waiting for a slot (more: 429)")
-      ->capture_default_str();
-  sub->add_option("--max-body", f->max_body, "Largest request body (more: 413)")
-      ->capture_default_str();
+  AddServerFlags(sub, f);
   sub->add_option("--ctx", f->ctx, "Positions per request, prompt + completion (0: the model's)")
       ->capture_default_str();
   sub->add_option("--chat-template", f->chat_template,
