@@ -138,6 +138,28 @@ bool Stream(StreamState& st, httplib::DataSink& sink) {
   return true;
 }
 
+// The request, with the body and its JSON freed before it waits for a slot.
+CompletionRequest ParseBody(std::string body, bool chat) {
+  const nlohmann::ordered_json j = ParseJsonBody(body);
+  body = std::string();
+  return ParseCompletionRequest(j, chat);
+}
+
+// Waits for a slot of `admission` (released by the returned guard).
+std::unique_ptr<AdmissionSlot> Admit(Admission& admission, const char* what = "generation") {
+  switch (admission.Acquire()) {
+    case Admission::Outcome::kAdmitted:
+      return std::make_unique<AdmissionSlot>(&admission);
+    case Admission::Outcome::kQueueFull:
+      throw ApiError(
+          429, std::string("too many requests: every ") + what + " slot and queue place is taken",
+          "rate_limit_error", "", "queue_full");
+    case Admission::Outcome::kShuttingDown:
+      throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+  }
+  return nullptr;  // not reached
+}
+
 }  // namespace
 
 void SetJson(httplib::Response& res, const json& j, int status) {
@@ -149,18 +171,13 @@ void SetJson(httplib::Response& res, const json& j, int status) {
 void HandleCompletion(Engine& engine, const httplib::Request&, std::string body,
                       httplib::Response& res, bool chat) {
   const Clock::time_point arrival = Clock::now();
-  const CompletionRequest r = ParseCompletionRequest(ParseJsonBody(body), chat);
+  const CompletionRequest r = ParseBody(std::move(body), chat);
+  engine.CheckBeforeAdmission(r);
+  // Admitted first, then rendered and tokenized: at most --max-concurrent
+  // prompts are tokenized at once, and a queued request holds only its
+  // parsed fields.
+  auto slot = Admit(engine.admission());
   PreparedGeneration gen = engine.Prepare(r);
-  switch (engine.admission().Acquire()) {
-    case Admission::Outcome::kAdmitted:
-      break;
-    case Admission::Outcome::kQueueFull:
-      throw ApiError(429, "too many requests: every generation slot and queue place is taken",
-                     "rate_limit_error", "", "queue_full");
-    case Admission::Outcome::kShuttingDown:
-      throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
-  }
-  auto slot = std::make_unique<AdmissionSlot>(&engine.admission());
   ResponseHead head;
   head.chat = chat;
   head.id = (chat ? "chatcmpl-" : "cmpl-") + node::RandomId128().substr(0, 24);
@@ -205,6 +222,7 @@ void HandleTokenize(Engine& engine, const httplib::Request&, std::string text,
     if (!s->is_boolean()) ThrowBadRequest("'parse_special' must be a boolean", "parse_special");
     parse_special = s->get<bool>();
   }
+  const auto slot = Admit(engine.text_admission(), "tokenize/apply-template");
   const std::vector<int32_t> ids =
       engine.Tokenize(it->get<std::string>(), add_special, parse_special);
   SetJson(res, {{"tokens", ids}});
@@ -242,7 +260,9 @@ void HandleApplyTemplate(Engine& engine, const httplib::Request&, std::string te
     }
     add_generation_prompt = g->get<bool>();
   }
-  SetJson(res, {{"prompt", engine.RenderChat(ParseMessages(*it), add_generation_prompt, tools)}});
+  const std::vector<ChatMessage> messages = ParseMessages(*it);
+  const auto slot = Admit(engine.text_admission(), "tokenize/apply-template");
+  SetJson(res, {{"prompt", engine.RenderChat(messages, add_generation_prompt, tools)}});
 }
 
 }  // namespace meshnet::api

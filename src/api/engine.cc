@@ -1,5 +1,6 @@
 #include "api/engine.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -28,6 +29,18 @@ ApiError FromMeshError(const Error& e) {
   }
 }
 
+// The most input bytes one token can consume. A token's text holds at least
+// the bytes it stands for ("▁" is 3 bytes for a space, GPT-2's byte alphabet
+// 1-2 per byte, a byte token <0xXX> 6 for 1); an unknown token stands for one
+// character (at most 4 bytes). Neither tokenizer normalizes text shorter.
+int64_t MaxTokenBytes(const model::Tokenizer& t) {
+  int64_t longest = 4;
+  for (model::TokenId id = 0; id < t.vocab_size(); ++id) {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(t.TokenText(id).size()));
+  }
+  return longest;
+}
+
 }  // namespace
 
 Engine::Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFactory providers,
@@ -36,7 +49,34 @@ Engine::Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFact
       formatter_(std::move(formatter)),
       providers_(std::move(providers)),
       options_(std::move(options)),
-      admission_(options_.max_concurrent, options_.max_queue) {}
+      max_token_bytes_(MaxTokenBytes(tokenizer_)),
+      admission_(options_.max_concurrent, options_.max_queue),
+      text_admission_(options_.max_concurrent, options_.max_queue) {}
+
+int64_t Engine::MinTokens(size_t bytes) const {
+  return (static_cast<int64_t>(bytes) + max_token_bytes_ - 1) / max_token_bytes_;
+}
+
+void Engine::RefuseTextPastContext(size_t bytes, const char* param) const {
+  const int64_t at_least = MinTokens(bytes);
+  if (at_least < options_.ctx) return;
+  ThrowBadRequest("the prompt is at least " + std::to_string(at_least) + " tokens (" +
+                      std::to_string(bytes) + " bytes); the context holds " +
+                      std::to_string(options_.ctx) + " (prompt + completion)",
+                  param, "context_length_exceeded");
+}
+
+void Engine::CheckBeforeAdmission(const CompletionRequest& r) const {
+  if (!r.model.empty() && r.model != options_.model_name) {
+    throw ApiError(404,
+                   "the model '" + r.model + "' does not exist; this server serves '" +
+                       options_.model_name + "'",
+                   "invalid_request_error", "model", "model_not_found");
+  }
+  // A chat prompt's length is known once rendered (a template may drop
+  // messages): Prepare checks it then.
+  if (r.prompt_text) RefuseTextPastContext(r.prompt_text->size(), "prompt");
+}
 
 std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special,
                                       bool parse_special) const {
@@ -52,15 +92,11 @@ std::string Engine::RenderChat(const std::vector<ChatMessage>& messages, bool ad
 }
 
 PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
-  if (!r.model.empty() && r.model != options_.model_name) {
-    throw ApiError(404,
-                   "the model '" + r.model + "' does not exist; this server serves '" +
-                       options_.model_name + "'",
-                   "invalid_request_error", "model", "model_not_found");
-  }
+  CheckBeforeAdmission(r);
   PreparedGeneration g;
   if (r.chat) {
     std::string prompt = RenderChat(r.messages, true, r.tools);
+    RefuseTextPastContext(prompt.size(), "messages");
     // A template that writes the BOS text itself gets the BOS token once (no
     // double BOS); without special-token parsing the text would not map to it.
     const std::string& bos = formatter_.bos_token();
@@ -172,6 +208,7 @@ void Engine::BeginShutdown(Clock::time_point deadline) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
   shutting_down_ = true;
   admission_.Shutdown();
+  text_admission_.Shutdown();
 }
 
 bool Engine::PastShutdownDeadline() const {

@@ -67,10 +67,23 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const model::Tokenizer& tokenizer() const { return tokenizer_; }
   Admission& admission() { return admission_; }
+  // /tokenize and /apply-template: as many at once as generations, so their
+  // tokenizing and rendering is bounded too (not counted as generations).
+  Admission& text_admission() { return text_admission_; }
   ApiMetrics& metrics() { return metrics_; }
 
-  // Throws ApiError (400 or 404) for a request that cannot run.
+  // Throws ApiError (400 or 404) for a request that cannot run. Renders and
+  // tokenizes: run it holding an admission slot, so that at most
+  // max_concurrent prompts are tokenized at once.
   PreparedGeneration Prepare(const CompletionRequest& request) const;
+  // The checks Prepare makes that cost nothing (the model name, a
+  // completion prompt too long for the context whatever its tokens), to run
+  // before admission.
+  void CheckBeforeAdmission(const CompletionRequest& request) const;
+  // Fewest tokens `bytes` of text can encode to: no token consumes more
+  // input bytes than its text holds (max_token_bytes), so a text longer
+  // than ctx * max_token_bytes is refused without tokenizing it.
+  int64_t MinTokens(size_t bytes) const;
   // Runs a prepared generation. `emit` gets each visible text delta (never
   // empty, whole UTF-8 characters) and returns false when the client is gone;
   // `gone`, if set, is asked before every step too (a client that is sent
@@ -95,12 +108,16 @@ class Engine {
 
  private:
   bool PastShutdownDeadline() const;
+  // context_length_exceeded when `bytes` of text cannot fit the context.
+  void RefuseTextPastContext(size_t bytes, const char* param) const;
 
   model::Tokenizer tokenizer_;
   ChatFormatter formatter_;
   ProviderFactory providers_;
   EngineOptions options_;
+  int64_t max_token_bytes_;  // the longest token text, at least 4 (one UTF-8 character)
   Admission admission_;
+  Admission text_admission_;
   ApiMetrics metrics_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> deadline_ns_{0};

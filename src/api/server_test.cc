@@ -202,6 +202,46 @@ TEST(ApiServer, FullQueueIs429WithRetryAfter) {
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "queue_full");
 }
 
+// A prompt is tokenized only once admitted: with every slot taken and no
+// queue, a prompt too long for the context (in tokens, not in bytes) is a
+// 429, not a 400 after tokenizing it (was: tokenized first, so 60 waiting
+// 1 MB prompts held 1.5 GB). /tokenize has slots of its own.
+TEST(ApiServer, PromptsAreTokenizedOnlyOnceAdmitted) {
+  TestServer ts(true, 64, /*max_concurrent=*/1, /*queue=*/0);
+  std::string words;
+  for (int i = 0; i < 70; ++i) words += "a ";
+  ASSERT_LT(ts.engine->MinTokens(words.size()), 64) << "must pass the byte bound";
+  auto cli = ts.Client();
+  const json body = {{"prompt", words}};
+  auto free_slot = cli.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(free_slot);
+  EXPECT_EQ(free_slot->status, 400);
+  EXPECT_EQ(json::parse(free_slot->body)["error"]["code"], "context_length_exceeded");
+  ASSERT_EQ(ts.engine->admission().Acquire(), Admission::Outcome::kAdmitted);
+  auto taken = cli.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_EQ(ts.engine->text_admission().Acquire(), Admission::Outcome::kAdmitted);
+  auto tokenize = cli.Post("/tokenize", R"({"content":"Once upon"})", "application/json");
+  ts.engine->text_admission().Release();
+  ts.engine->admission().Release();
+  ASSERT_TRUE(taken && tokenize);
+  EXPECT_EQ(taken->status, 429) << taken->body;
+  EXPECT_EQ(tokenize->status, 429) << tokenize->body;
+}
+
+// MinTokens never overestimates: every text encodes to at least that many
+// tokens (so refusing on it never refuses a prompt that fits).
+TEST(ApiServer, MinTokensIsALowerBound) {
+  TestServer ts;
+  std::string mixed;
+  for (int i = 0; i < 400; ++i) mixed += static_cast<char>(i % 2 ? ' ' : 'a' + i % 26);
+  for (const std::string& text :
+       {std::string(3000, ' '), std::string(3000, 'e'), mixed, kLongPrompt,
+        std::string("h\xC3\xA9llo w\xC3\xB6rld \xE2\x96\x81\xE2\x96\x81 \xF0\x9F\x98\x80")}) {
+    const auto ids = ts.engine->Tokenize(text, true, true);
+    EXPECT_GE(static_cast<int64_t>(ids.size()), ts.engine->MinTokens(text.size())) << text;
+  }
+}
+
 TEST(ApiServer, NoRouteIs503OnHealthAndCompletions) {
   TestServer ts(/*with_route=*/false);
   auto cli = ts.Client();

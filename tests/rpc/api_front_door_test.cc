@@ -434,6 +434,40 @@ TEST_P(FrontDoor, HalfClosedClientsGetTheirReply) {
   EXPECT_EQ(a["usage"], b["usage"]);
 }
 
+// 16 concurrent 1 MB prompts (completions and chat) against
+// --max-concurrent 1 (was: each tokenized before admission, ~35 MB apiece,
+// 60 of them +2.1 GB): refused as longer than the context without being
+// tokenized, or tokenized one at a time; peak RSS stays bounded.
+TEST_P(FrontDoor, HugePromptsAreNotTokenizedWhileWaiting) {
+  if (GetParam() != Transport::kPlain) GTEST_SKIP() << "a memory bound, not a transport's";
+  Start({"--max-concurrent", "1", "--max-body", "2MiB"});
+  ASSERT_EQ(HealthStatus(), 200);
+  const int64_t before = PeakKib();
+  std::string text;
+  while (text.size() < 1000000) text += "Once upon a time there was a little girl. ";
+  const std::string completion = json{{"prompt", text}, {"max_tokens", 4}}.dump();
+  const std::string chat =
+      json{{"messages", {{{"role", "user"}, {"content", text}}}}, {"max_tokens", 4}}.dump();
+  std::vector<std::thread> clients;
+  std::atomic<int> refused{0};
+  for (int i = 0; i < 16; ++i) {
+    clients.emplace_back([&, i] {
+      const std::string r = Exchange(PostRequest(i % 2 ? "/v1/chat/completions" : "/v1/completions",
+                                                 i % 2 ? chat : completion, kKey, kClose),
+                                     120);
+      const json e = json::parse(BodyOf(r), nullptr, false);
+      if (StatusOf(r) == 400 && e.is_object() && e["error"]["code"] == "context_length_exceeded") {
+        ++refused;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  const int64_t grew_kib = PeakKib() - before;
+  std::printf("16 x 1 MB prompts: peak RSS +%lld KiB\n", static_cast<long long>(grew_kib));
+  EXPECT_EQ(refused, 16);
+  EXPECT_LT(grew_kib, 160 << 10);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, FrontDoor,
                          ::testing::Values(Transport::kPlain, Transport::kTls, Transport::kIpv6),
                          Name);
