@@ -47,6 +47,7 @@ Engine::Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFact
                EngineOptions options)
     : tokenizer_(std::move(tokenizer)),
       formatter_(std::move(formatter)),
+      control_mask_(tokenizer_),
       providers_(std::move(providers)),
       options_(std::move(options)),
       max_token_bytes_(MaxTokenBytes(tokenizer_)),
@@ -86,22 +87,41 @@ std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special,
   return tokenizer_.Tokenize(text, add_special, parse_special);
 }
 
+ControlTextMask::Prompt Engine::RenderPrompt(const std::vector<ChatMessage>& messages,
+                                             bool add_generation_prompt,
+                                             const nlohmann::ordered_json& tools) const {
+  if (options_.allow_control_in_content) {
+    return {formatter_.Render(messages, add_generation_prompt, tools), {}};
+  }
+  const ControlTextMask::Masked masked = control_mask_.Mask(messages, tools);
+  return control_mask_.Unmask(
+      formatter_.Render(masked.messages, add_generation_prompt, masked.tools), masked);
+}
+
 std::string Engine::RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                const nlohmann::ordered_json& tools) const {
-  return formatter_.Render(messages, add_generation_prompt, tools);
+  return RenderPrompt(messages, add_generation_prompt, tools).text;
 }
 
 PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
   CheckBeforeAdmission(r);
   PreparedGeneration g;
   if (r.chat) {
-    std::string prompt = RenderChat(r.messages, true, r.tools);
-    RefuseTextPastContext(prompt.size(), "messages");
+    ControlTextMask::Prompt prompt = RenderPrompt(r.messages, true, r.tools);
+    RefuseTextPastContext(prompt.text.size(), "messages");
     // A template that writes the BOS text itself gets the BOS token once (no
     // double BOS); without special-token parsing the text would not map to it.
+    // (BOS text a client sent first stays text.)
     const std::string& bos = formatter_.bos_token();
-    if (!bos.empty() && prompt.starts_with(bos)) prompt.erase(0, bos.size());
-    g.prompt_ids = Tokenize(prompt, true, /*parse_special=*/true);
+    const bool client_first = !prompt.literal.empty() && prompt.literal[0].begin < bos.size();
+    if (!bos.empty() && prompt.text.starts_with(bos) && !client_first) {
+      prompt.text.erase(0, bos.size());
+      for (model::TextRange& range : prompt.literal) {
+        range.begin -= bos.size();
+        range.end -= bos.size();
+      }
+    }
+    g.prompt_ids = tokenizer_.Tokenize(prompt.text, true, /*parse_special=*/true, prompt.literal);
   } else if (r.prompt_text) {
     g.prompt_ids = Tokenize(*r.prompt_text, true, /*parse_special=*/false);
   } else {

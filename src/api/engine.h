@@ -23,6 +23,7 @@
 
 #include "api/admission.h"
 #include "api/chat_format.h"
+#include "api/control_text.h"
 #include "api/metrics.h"
 #include "api/request.h"
 #include "mesh/generator.h"
@@ -37,6 +38,9 @@ struct EngineOptions {
   int max_concurrent = 4;
   int max_queue = 64;
   int64_t prefill_chunk = 0;  // mesh::GenerateOptions::prefill_chunk
+  // Control-token text in what a chat client sends becomes control tokens
+  // (llama-server's behaviour); by default it stays text (api/control_text.h).
+  bool allow_control_in_content = false;
 };
 
 // A generation ready to run.
@@ -96,6 +100,7 @@ class Engine {
   // The one place prompts are tokenized (special-token parsing goes here).
   std::vector<int32_t> Tokenize(const std::string& text, bool add_special,
                                 bool parse_special) const;
+  // The rendered chat prompt (what /apply-template returns).
   std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                          const nlohmann::ordered_json& tools) const;
   // {"status":"ok","hops":[{name, start_layer, end_layer, live_sessions,
@@ -108,11 +113,17 @@ class Engine {
 
  private:
   bool PastShutdownDeadline() const;
+  // The rendered prompt and the byte ranges of control-token text the client
+  // sent (to be tokenized as text; none with allow_control_in_content).
+  ControlTextMask::Prompt RenderPrompt(const std::vector<ChatMessage>& messages,
+                                       bool add_generation_prompt,
+                                       const nlohmann::ordered_json& tools) const;
   // context_length_exceeded when `bytes` of text cannot fit the context.
   void RefuseTextPastContext(size_t bytes, const char* param) const;
 
   model::Tokenizer tokenizer_;
   ChatFormatter formatter_;
+  ControlTextMask control_mask_;
   ProviderFactory providers_;
   EngineOptions options_;
   int64_t max_token_bytes_;  // the longest token text, at least 4 (one UTF-8 character)

@@ -66,6 +66,7 @@ struct ApiFlags {
   int max_connections_per_ip = 64;
   int64_t ctx = 0;
   std::string chat_template;
+  bool allow_control_in_content = false;
   double grace_s = 10.0;
   BatchFlags batch;
 };
@@ -232,6 +233,7 @@ int RunApi(const ApiFlags& f) {
   eo.max_concurrent = f.max_concurrent;
   eo.max_queue = f.queue;
   eo.prefill_chunk = f.prompt_chunk;
+  eo.allow_control_in_content = f.allow_control_in_content;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
   ExposeRouteCosts(route.remote, engine.metrics());
 
@@ -322,6 +324,9 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
       ->capture_default_str();
   sub->add_option("--chat-template", f->chat_template,
                   "Jinja chat template file (default: the GGUF's, else ChatML)");
+  sub->add_flag("--allow-control-in-content", f->allow_control_in_content,
+                "Let control-token text in chat messages and tools (<|im_start|>, </s> ...) "
+                "become control tokens (default: it stays text)");
   sub->add_option("--grace", f->grace_s, "Seconds in-flight requests get to finish on shutdown")
       ->capture_default_str();
   AddBatchFlags(sub, &f->batch, "each in-process shard");

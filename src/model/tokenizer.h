@@ -73,6 +73,12 @@ enum class TokenType : int32_t {
 
 enum class TokenizerKind { kSpm, kBpe };
 
+// A byte range [begin, end) of a text.
+struct TextRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
 // The raw vocabulary. `types` may be empty (every token is then normal, except
 // that "<0xXX>" names are byte tokens in kSpm). `scores` may be empty for kBpe.
 // Special ids are kNoToken when absent.
@@ -118,6 +124,12 @@ class Tokenizer {
   // Error(kInvalidArgument) when a required BOS/EOS is missing from the vocab,
   // or (kSpm) a character has neither a token, a byte fallback nor <unk>.
   std::vector<TokenId> Tokenize(std::string_view text, bool add_special, bool parse_special) const;
+  // The same, except that no control (or unknown) token is matched where it
+  // overlaps one of `literal` (sorted, disjoint byte ranges of `text`): that
+  // text is encoded as if parse_special were false, e.g. what a chat client
+  // typed inside a rendered template whose own control tokens still count.
+  std::vector<TokenId> Tokenize(std::string_view text, bool add_special, bool parse_special,
+                                std::span<const TextRange> literal) const;
 
   // No control-token parsing (user-defined tokens still match), no EOS; BOS
   // first when add_bos (whatever add_bos() says). Empty text encodes to just
@@ -164,9 +176,10 @@ class Tokenizer {
   void CheckId(TokenId id) const;
   void InitSpecial();
   void InitBpe();
-  // Cuts `text` at special tokens; calls on_text(begin, end) for each text
-  // piece and on_token(id) for each special token, in order.
-  void Partition(std::string_view text, bool parse_special,
+  // Cuts `text` at special tokens (no control token overlapping `literal`);
+  // calls on_text(begin, end) for each text piece and on_token(id) for each
+  // special token, in order.
+  void Partition(std::string_view text, bool parse_special, std::span<const TextRange> literal,
                  const std::function<void(size_t, size_t)>& on_text,
                  const std::function<void(TokenId)>& on_token) const;
   // SentencePiece BPE of one text piece (with the space prefix if `prefix`).

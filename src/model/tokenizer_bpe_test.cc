@@ -63,6 +63,32 @@ TEST(BpeTiny, UserDefinedAlwaysControlOnlyWithParseSpecial) {
   EXPECT_EQ(tok.Decode(std::vector<TokenId>{9, 8}, /*render_special=*/true), "<|im_start|>hello");
 }
 
+// Literal ranges: a control token overlapping one is text (as without
+// parse_special), the others stay control; user-defined tokens match anyway.
+TEST(BpeTiny, LiteralRangesKeepControlTextAsText) {
+  const Tokenizer tok = Tiny();
+  const std::string text = "<|im_start|>hello<|im_start|><tool>";
+  //                        0           12   17          29
+  const std::vector<TokenId> all = tok.Tokenize(text, false, true);
+  EXPECT_EQ(all, (std::vector<TokenId>{9, 8, 9, 10}));
+  const std::vector<TextRange> second = {{17, 35}};
+  const std::vector<TokenId> guarded = tok.Tokenize(text, false, true, second);
+  ASSERT_GE(guarded.size(), 3u);
+  EXPECT_EQ(guarded[0], 9) << "the template's own control token";
+  EXPECT_EQ(guarded[1], 8);
+  EXPECT_EQ(std::count(guarded.begin(), guarded.end(), 9), 1);
+  EXPECT_EQ(guarded.back(), 10) << "user-defined tokens match inside literal text";
+  const std::vector<TokenId> tail = tok.Tokenize(text.substr(17), false, false);
+  EXPECT_EQ(std::vector<TokenId>(guarded.begin() + 2, guarded.end()), tail);
+  // A range covering only part of the token's text still keeps it text.
+  const std::vector<TextRange> partial = {{20, 21}};
+  const std::vector<TokenId> cut = tok.Tokenize(text, false, true, partial);
+  EXPECT_EQ(std::count(cut.begin(), cut.end(), 9), 1);
+  // Everything literal is parse_special = false.
+  const std::vector<TextRange> everything = {{0, text.size()}};
+  EXPECT_EQ(tok.Tokenize(text, false, true, everything), tok.Tokenize(text, false, false));
+}
+
 TEST(BpeTiny, UnsupportedPreNamesTheSupportedList) {
   Vocabulary v;
   v.kind = TokenizerKind::kBpe;

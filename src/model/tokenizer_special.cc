@@ -87,7 +87,19 @@ bool Tokenizer::IsEog(TokenId id) const {
   return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
 }
 
+namespace {
+
+// Whether [b, e) overlaps a range of `literal` (sorted, disjoint).
+bool OverlapsLiteral(std::span<const TextRange> literal, size_t b, size_t e) {
+  auto it = std::upper_bound(literal.begin(), literal.end(), b,
+                             [](size_t pos, const TextRange& r) { return pos < r.end; });
+  return it != literal.end() && it->begin < e;
+}
+
+}  // namespace
+
 void Tokenizer::Partition(std::string_view text, bool parse_special,
+                          std::span<const TextRange> literal,
                           const std::function<void(size_t, size_t)>& on_text,
                           const std::function<void(TokenId)>& on_token) const {
   // A fragment is a special token (id) or a text range [b, e) (id kNoToken).
@@ -109,10 +121,15 @@ void Tokenizer::Partition(std::string_view text, bool parse_special,
         continue;
       }
       const std::string_view scope = text.substr(0, f.e);
-      size_t pos = f.b;
-      for (size_t m; (m = scope.find(t, pos)) != std::string_view::npos; pos = m + t.size()) {
+      size_t pos = f.b, search = f.b;
+      for (size_t m; (m = scope.find(t, search)) != std::string_view::npos;) {
+        if (type != TokenType::kUserDefined && OverlapsLiteral(literal, m, m + t.size())) {
+          search = m + 1;  // literal text: no control token here
+          continue;
+        }
         if (m > pos) next.push_back({kNoToken, pos, m});
         next.push_back({id, 0, 0});
+        pos = search = m + t.size();
       }
       if (pos < f.e) next.push_back({kNoToken, pos, f.e});
     }
@@ -129,6 +146,12 @@ void Tokenizer::Partition(std::string_view text, bool parse_special,
 
 std::vector<TokenId> Tokenizer::Tokenize(std::string_view text, bool add_special,
                                          bool parse_special) const {
+  return Tokenize(text, add_special, parse_special, {});
+}
+
+std::vector<TokenId> Tokenizer::Tokenize(std::string_view text, bool add_special,
+                                         bool parse_special,
+                                         std::span<const TextRange> literal) const {
   std::vector<TokenId> out;
   if (add_special && vocab_.add_bos) {
     if (vocab_.bos_id == kNoToken) {
@@ -138,7 +161,7 @@ std::vector<TokenId> Tokenizer::Tokenize(std::string_view text, bool add_special
   }
   bool prev_special = true;  // SentencePiece: a space prefix at the start and after a special
   Partition(
-      text, parse_special,
+      text, parse_special, literal,
       [&](size_t b, size_t e) {
         const std::string_view piece = text.substr(b, e - b);
         if (vocab_.kind == TokenizerKind::kBpe) {
