@@ -3,6 +3,7 @@
 // recompute, and recovery from a forced eviction.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -221,6 +222,56 @@ TEST(Generation, ChunkedPrefillGivesTheSameTokensAndLogits) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace meshnet::mesh
+
+namespace meshnet::mesh {
+namespace {
+
+// The tokens a greedy generation with `adjust` must produce, recomputed from
+// the tail's raw logits rows: argmax of the row with OpenAI's penalties (over
+// the tokens generated so far) and the bias applied.
+std::vector<int32_t> ExpectedAdjusted(const RunOutput& run, const shard::LogitAdjustments& adjust) {
+  std::vector<int32_t> counts(run.logits.empty() ? 0 : run.logits[0].size(), 0), seen, out;
+  for (size_t i = 0; i < run.tokens.size(); ++i) {
+    std::vector<float> row = run.logits[i];
+    adjust.Apply(row, counts, seen);
+    out.push_back(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+    if (counts[run.tokens[i]]++ == 0) seen.push_back(run.tokens[i]);
+  }
+  return out;
+}
+
+// Penalties and bias are applied by the client to the tail's row: each token
+// is the argmax of its adjusted row; the unadjusted run is unchanged.
+TEST(Generation, PenaltiesAndBiasAreAppliedToEveryRow) {
+  InProcessMeshOptions mo;
+  mo.split = node::EvenSplit(3, 5);
+  InProcessMesh mesh(File(), mo, Pool());
+  const RunOutput plain = Generate(mesh, Prompt(), 48);
+  FixedRouteProvider provider(mesh.route());
+  for (shard::LogitAdjustments adjust :
+       {shard::LogitAdjustments{2.0f, 0.0f, {}}, shard::LogitAdjustments{0.0f, 2.0f, {}},
+        shard::LogitAdjustments{0.0f, 0.0f, {{300, 100.0f}}},
+        shard::LogitAdjustments{-1.0f, 0.5f, {{432, -100.0f}}}}) {
+    GenerateOptions o;
+    o.max_tokens = 48;
+    o.adjustments = adjust;
+    RunOutput run;
+    GenerateEvents ev;
+    ev.on_logits = [&](std::span<const float> l) { run.logits.emplace_back(l.begin(), l.end()); };
+    run.tokens = mesh::Generate(provider, Prompt(), o, ev).generated_ids;
+    ASSERT_FALSE(run.tokens.empty());
+    EXPECT_EQ(run.tokens, ExpectedAdjusted(run, adjust));
+    EXPECT_NE(run.tokens, plain.tokens) << "the adjustment changed nothing";
+    if (!adjust.bias.empty() && adjust.bias[0].second > 0) {
+      EXPECT_EQ(std::count(run.tokens.begin(), run.tokens.end(), 300),
+                static_cast<long>(run.tokens.size()));
+    }
+  }
+  EXPECT_EQ(Generate(mesh, Prompt(), 48).tokens, plain.tokens);
 }
 
 }  // namespace

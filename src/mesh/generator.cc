@@ -170,8 +170,12 @@ class GenerationLoop {
   // route of one hop no activations cross a wire and the node chunks a long
   // prompt itself), else a decode of its last token.
   StepOutcome NextStep() {
-    const StepHead head{session_, secret_, epoch_, &options_.sampling,
-                        static_cast<int>(route_.hops.size())};
+    const StepHead head{session_,
+                        secret_,
+                        epoch_,
+                        &options_.sampling,
+                        static_cast<int>(route_.hops.size()),
+                        options_.want_logits || options_.adjustments.active()};
     const int64_t chunk = options_.prefill_chunk;
     const auto n = static_cast<int64_t>(history_.size());
     if (need_prefill_ && chunk > 0 && n > chunk && route_.hops.size() > 1) {
@@ -238,10 +242,35 @@ class GenerationLoop {
     need_prefill_ = true;
   }
 
+  // The token sampled from the tail's row with the adjustments applied, at
+  // the position the tail samples at (the sequence length after the step).
+  int32_t SampleAdjusted(const StepOutcome& step) {
+    const size_t vocab = step.logits.size();
+    if (vocab == 0) {
+      throw Error(ErrorKind::kBoundaryContract,
+                  "the tail sent no logits row, which penalties and logit_bias need");
+    }
+    for (const auto& [id, bias] : options_.adjustments.bias) {
+      if (id < 0 || static_cast<size_t>(id) >= vocab) {
+        ThrowInvalidArgument("logit_bias names token " + std::to_string(id) +
+                             ", outside the vocabulary of " + std::to_string(vocab));
+      }
+    }
+    if (counts_.size() != vocab) counts_.assign(vocab, 0);
+    adjusted_.assign(step.logits.begin(), step.logits.end());
+    options_.adjustments.Apply(adjusted_, counts_, seen_);
+    probs_.resize(vocab);
+    ids_.resize(vocab);
+    return options_.sampling.Sample(adjusted_, static_cast<int64_t>(history_.size()), probs_, ids_);
+  }
+
   // Takes the step's token; false when it ends the generation (EOS or a stop id).
   bool Accept(const StepOutcome& step) {
     const size_t i = result_.generated_ids.size();
-    const int32_t token = i < options_.forced_ids.size() ? options_.forced_ids[i] : *step.token;
+    const bool adjusting = options_.adjustments.active();
+    const int32_t token = i < options_.forced_ids.size() ? options_.forced_ids[i]
+                          : adjusting                    ? SampleAdjusted(step)
+                                                         : *step.token;
     if (events_.on_logits) events_.on_logits(step.logits);
     if (options_.eos_id && token == *options_.eos_id) {
       result_.stop_reason = "eos";
@@ -254,6 +283,7 @@ class GenerationLoop {
     }
     history_.push_back(token);
     result_.generated_ids.push_back(token);
+    if (adjusting && counts_[token]++ == 0) seen_.push_back(token);
     if (events_.on_token) events_.on_token(token);
     return true;
   }
@@ -274,6 +304,11 @@ class GenerationLoop {
   int recoveries_ = 0;
   uint64_t step_id_ = 0;
   double backoff_ = 0;
+  // With adjustments: generated-token counts by id, the ids counted, and
+  // the sampler's buffers (kept across steps).
+  std::vector<int32_t> counts_, seen_;
+  std::vector<float> adjusted_, probs_;
+  std::vector<int> ids_;
 };
 
 }  // namespace

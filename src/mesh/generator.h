@@ -40,6 +40,7 @@
 
 #include "mesh/endpoint.h"
 #include "shard/boundary.h"
+#include "shard/logit_adjustments.h"
 
 namespace meshnet::mesh {
 
@@ -116,6 +117,14 @@ struct GenerateOptions {
   // on_token and generated_ids the forced token); past the end, sampling as
   // usual. EOS and stop ids end generation as when sampled.
   std::vector<int32_t> forced_ids;
+  // Penalties and logit bias (shard/logit_adjustments.h): when active, every
+  // step asks the tail for its logits row, and the token is sampled here
+  // from the adjusted row with `sampling` at the same position the tail
+  // would use. Inactive: the tail's own sample, as without them.
+  shard::LogitAdjustments adjustments;
+  // Ask the tail for its logits row on every step (for on_logits, e.g.
+  // logprobs) even where the transport leaves it out by default.
+  bool want_logits = false;
 };
 
 struct GenerateEvents {

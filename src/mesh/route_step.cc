@@ -34,6 +34,7 @@ StepRequest MakeRequest(const StepHead& head, uint64_t step_id, bool prefill,
   req.expected_seq_len = expected;
   req.route_hops = std::min(head.hops, node::kMaxRouteHops);
   if (head.sampling != nullptr) req.sampling = *head.sampling;
+  req.want_logits = head.want_logits;
   return req;
 }
 
@@ -285,7 +286,8 @@ StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const StepHead& 
   size_t start = 0;
   std::optional<CohortCarrier::Carried> carried;
   CohortCarrier* carrier = provider.carrier();
-  if (carrier != nullptr && !prefill && tokens.size() == 1 && route.hops.size() > 1) {
+  if (carrier != nullptr && !prefill && tokens.size() == 1 && route.hops.size() > 1 &&
+      !head.want_logits) {
     StepRequest req = MakeRequest(head, step_id, prefill, expected);
     req.token_ids.assign(tokens.begin(), tokens.end());
     carried = carrier->Carry(route, std::move(req));

@@ -54,7 +54,8 @@ struct StepHead {
   std::string_view secret;
   int64_t epoch = 0;
   const shard::SamplingContract* sampling = nullptr;
-  int hops = 0;  // the route's length, told to every node (StepRequest::route_hops)
+  int hops = 0;              // the route's length, told to every node (StepRequest::route_hops)
+  bool want_logits = false;  // StepRequest::want_logits (such steps are not carried in cohorts)
 };
 
 // One step (`prefill`: open a fresh context) of `tokens` through every hop.

@@ -52,6 +52,9 @@ struct StepRequest {
   std::vector<int32_t> token_ids;               // head
   std::optional<shard::BoundaryBundle> bundle;  // middle / tail
   shard::SamplingContract sampling;             // used by the tail
+  // The client needs the tail's logits row (a transport that leaves it out
+  // by default sends it for this step).
+  bool want_logits = false;
   // Hops on the sender's route (0: not said): each node gives long prompts
   // its 1/route_hops part of the decoding sessions' share (node::PrefillBudget).
   int route_hops = 0;

@@ -115,6 +115,25 @@ TEST(LoopbackTest, RemoteRouteMatchesInProcessTokenForToken) {
   for (auto& ep : provider->endpoints()) EXPECT_EQ(ep->Info().live_sessions, 0);
 }
 
+// Penalties and logit bias over gRPC, with a client that does not ask for
+// logits by default: those steps ask for the tail's row (omit_logits off),
+// and the tokens equal the in-process route's.
+TEST(LoopbackTest, AdjustedSamplingAsksForTheLogitsRow) {
+  Nodes nodes(NodeServerOptions{});
+  auto provider = MakeRemoteRouteProvider(nodes.addresses, Roomy());
+  mesh::GenerateOptions o;
+  o.max_tokens = 24;
+  o.adjustments.frequency_penalty = 1.5f;
+  o.adjustments.bias = {{300, 8.0f}};
+  o.sampling.temperature = 0.8f;
+  o.sampling.seed = 5;
+  const auto want = InProcessTokens(o);
+  EXPECT_EQ(mesh::Generate(*provider, kPrompt, o).generated_ids, want);
+  mesh::GenerateOptions plain;
+  plain.max_tokens = 24;
+  EXPECT_NE(InProcessTokens(plain), want);
+}
+
 TEST(LoopbackTest, HalfPrecisionWireRuns) {
   Nodes nodes(NodeServerOptions{});
   for (KvDtype t : {KvDtype::kF16, KvDtype::kBF16}) {

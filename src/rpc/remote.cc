@@ -266,7 +266,7 @@ using util::Transit;
 // the wire whatever the model (32 of them are smaller than one full-context
 // step, the node's message limit), so it may go out in a group.
 bool Groupable(const mesh::StepRequest& r, const ClientOptions& o) {
-  if (!o.group_steps || o.want_logits) return false;
+  if (!o.group_steps || o.want_logits || r.want_logits) return false;
   return r.bundle ? r.bundle->n_tokens == 1 : r.token_ids.size() == 1;
 }
 
@@ -292,7 +292,8 @@ mesh::StepResult RemoteEndpoint::Step(mesh::StepRequest request) {
   const ClientOptions& o = m.options;
   pb::StepRequest req;
   const bool groupable = Groupable(request, o) && m.node_groups.load();
-  EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits, &req);
+  EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits || request.want_logits,
+                    &req);
   MarkOnReturn mark;
   if (!groupable) {
     Transit::Get().Clear();
@@ -350,8 +351,8 @@ void RemoteEndpoint::Impl::StepGroupCall(std::span<const mesh::StepRequest> requ
                                          std::span<mesh::GroupAnswer> answers) {
   pb::StepManyRequest req;
   for (const mesh::StepRequest& r : requests) {
-    EncodeStepRequest(r, options.wire_dtype, options.wire_dtype, options.want_logits,
-                      req.add_steps());
+    EncodeStepRequest(r, options.wire_dtype, options.wire_dtype,
+                      options.want_logits || r.want_logits, req.add_steps());
   }
   pb::StepManyResponse resp;
   std::optional<Error> failed;
@@ -435,8 +436,8 @@ class StreamClientImpl final : public StepStreamClient {
 
   mesh::StepResult Step(const mesh::StepRequest& request) override {
     req_.Clear();
-    EncodeStepRequest(request, options_.wire_dtype, options_.wire_dtype, options_.want_logits,
-                      &req_);
+    EncodeStepRequest(request, options_.wire_dtype, options_.wire_dtype,
+                      options_.want_logits || request.want_logits, &req_);
     if (closed_ || !stream_->Write(req_) || !stream_->Read(&resp_)) Finish("Step");
     return DecodeAnswer(resp_, request.route_epoch, address_, "StepStream");
   }
