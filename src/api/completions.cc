@@ -22,6 +22,7 @@ struct ResponseHead {
   int64_t created = 0;
   std::string model;
   bool include_usage = false;
+  bool logprobs = false;  // choices carry logprobs (else null)
 };
 
 json Usage(const GenerationOutcome& o) {
@@ -41,6 +42,7 @@ json Envelope(const ResponseHead& h, bool chunk) {
 
 json FullResponse(const ResponseHead& h, const GenerationOutcome& o) {
   json choice = {{"index", 0}, {"finish_reason", o.finish_reason}, {"logprobs", nullptr}};
+  if (h.logprobs) choice["logprobs"] = LogprobsJson(o.logprobs, h.chat);
   if (h.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", o.text}};
   } else {
@@ -99,6 +101,16 @@ struct ContentFrame {
   }
 };
 
+// A content chunk's event bytes: through the frame, or built whole when it
+// carries logprobs.
+std::string ContentEvent(const ResponseHead& h, const ContentFrame& frame, const std::string& text,
+                         std::span<const TokenLogprob> entries) {
+  if (!h.logprobs) return frame.Event(text);
+  json chunk = Chunk(h, {{"content", text}}, text, nullptr);
+  chunk["choices"][0]["logprobs"] = LogprobsJson(entries, h.chat);
+  return "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
 struct StreamState {
   Engine* engine;
   ResponseHead head;
@@ -117,10 +129,11 @@ bool Stream(StreamState& st, httplib::DataSink& sink) {
   const ContentFrame frame(h);
   try {
     if (!alive) return false;
-    GenerationOutcome o = st.engine->Run(st.gen, st.arrival, [&](const std::string& text) {
-      const std::string head = frame.Event(text);
-      return sink.write(head.data(), head.size()) && sink.write("\n", 1);
-    });
+    GenerationOutcome o = st.engine->Run(
+        st.gen, st.arrival, [&](const std::string& text, std::span<const TokenLogprob> entries) {
+          const std::string head = ContentEvent(h, frame, text, entries);
+          return sink.write(head.data(), head.size()) && sink.write("\n", 1);
+        });
     if (o.client_gone) return false;
     if (!SendJsonEvent(sink, Chunk(h, json::object(), "", o.finish_reason))) return false;
     if (h.include_usage) {
@@ -184,11 +197,12 @@ void HandleCompletion(Engine& engine, const httplib::Request&, std::string body,
   head.created = static_cast<int64_t>(std::time(nullptr));
   head.model = engine.options().model_name;
   head.include_usage = r.include_usage;
+  head.logprobs = r.logprobs >= 0;
   if (!r.stream) {
     // Nothing is written until the end: the hang-up is seen on the socket.
     http::Connection* client = http::CurrentConnection();
     const GenerationOutcome o = engine.Run(
-        gen, arrival, [](const std::string&) { return true; },
+        gen, arrival, [](const std::string&, std::span<const TokenLogprob>) { return true; },
         [client] { return client != nullptr && client->ClientGone(); });
     SetJson(res, FullResponse(head, o));
     return;

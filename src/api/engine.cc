@@ -150,30 +150,43 @@ PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
   g.sampling.top_k = r.top_k;
   g.sampling.seed = r.seed ? *r.seed : std::random_device{}();
   g.stop = r.stop;
+  g.logprobs = r.logprobs;
+  g.adjustments = r.adjustments;
+  try {
+    g.adjustments.Validate(tokenizer_.vocab_size());
+  } catch (const Error& e) {
+    ThrowBadRequest(e.what(), "logit_bias");
+  }
   return g;
 }
 
+mesh::GenerateOptions Engine::GenerateOptionsFor(const PreparedGeneration& gen) const {
+  mesh::GenerateOptions options;
+  options.max_tokens = gen.max_tokens;
+  options.sampling = gen.sampling;
+  options.adjustments = gen.adjustments;
+  options.want_logits = gen.logprobs >= 0;
+  options.prefill_chunk = options_.prefill_chunk;
+  if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
+  options.stop_ids = tokenizer_.eog_ids();  // eos, eot, eom, <|im_end|>, ...
+  return options;
+}
+
 GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point arrival,
-                              const std::function<bool(const std::string&)>& emit,
-                              const std::function<bool()>& gone) {
+                              const EmitFn& emit, const std::function<bool()>& gone) {
   GenerationOutcome out;
   out.prompt_tokens = static_cast<int>(gen.prompt_ids.size());
   TextStream stream(gen.stop);
+  LogprobTracker logprobs(tokenizer_, gen.logprobs);
   int32_t prev = gen.prompt_ids.back();
   Clock::time_point last = arrival;
   auto send = [&](const std::string& text) {
     if (text.empty() || out.client_gone) return;
     out.text += text;
-    if (!emit(text)) out.client_gone = true;
+    if (!emit(text, logprobs.Take(out.text.size()))) out.client_gone = true;
   };
-
-  mesh::GenerateOptions options;
-  options.max_tokens = gen.max_tokens;
-  options.sampling = gen.sampling;
-  options.prefill_chunk = options_.prefill_chunk;
-  if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
-  options.stop_ids = tokenizer_.eog_ids();  // eos, eot, eom, <|im_end|>, ...
   mesh::GenerateEvents events;
+  events.on_logits = [&](std::span<const float> row) { logprobs.Row(row); };
   events.on_token = [&](int32_t id) {
     const Clock::time_point now = Clock::now();
     if (out.completion_tokens == 0) {
@@ -183,7 +196,9 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
     }
     last = now;
     ++out.completion_tokens;
-    send(stream.Push(tokenizer_.DecodePiece(prev, id)));
+    const std::string piece = tokenizer_.DecodePiece(prev, id);
+    logprobs.Token(prev, id, piece);
+    send(stream.Push(piece));
     prev = id;
   };
   events.stop_requested = [&] {
@@ -193,13 +208,14 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
   mesh::GenerateResult result;
   try {
     std::unique_ptr<mesh::RouteProvider> provider = providers_();
-    result = mesh::Generate(*provider, gen.prompt_ids, options, events);
+    result = mesh::Generate(*provider, gen.prompt_ids, GenerateOptionsFor(gen), events);
   } catch (const Error& e) {
     throw FromMeshError(e);
   }
   if (!stream.stopped()) send(stream.Finish());
   const bool hit_length = !result.stopped && out.completion_tokens >= gen.max_tokens;
   out.finish_reason = hit_length ? "length" : "stop";
+  out.logprobs = logprobs.Released(out.text.size());
   metrics_.AddTokens(out.prompt_tokens, out.completion_tokens);
   return out;
 }

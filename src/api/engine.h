@@ -18,12 +18,14 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "api/admission.h"
 #include "api/chat_format.h"
 #include "api/control_text.h"
+#include "api/logprobs.h"
 #include "api/metrics.h"
 #include "api/request.h"
 #include "mesh/generator.h"
@@ -48,6 +50,8 @@ struct PreparedGeneration {
   std::vector<int32_t> prompt_ids;
   int max_tokens = 0;
   shard::SamplingContract sampling;
+  shard::LogitAdjustments adjustments;  // penalties, logit_bias (sampled by the client)
+  int logprobs = -1;                    // CompletionRequest::logprobs
   std::vector<std::string> stop;
 };
 
@@ -57,7 +61,12 @@ struct GenerationOutcome {
   int completion_tokens = 0;
   std::string finish_reason;  // "stop" or "length"
   bool client_gone = false;
+  std::vector<TokenLogprob> logprobs;  // with PreparedGeneration::logprobs >= 0
 };
+
+// A text delta of a running generation and the logprob entries of the
+// tokens whose text starts in it; returns false when the client is gone.
+using EmitFn = std::function<bool(const std::string& text, std::span<const TokenLogprob> entries)>;
 
 // A fresh provider per generation: a FixedRouteProvider over the in-process
 // mesh, or a view of the shared remote provider.
@@ -89,12 +98,12 @@ class Engine {
   // than ctx * max_token_bytes is refused without tokenizing it.
   int64_t MinTokens(size_t bytes) const;
   // Runs a prepared generation. `emit` gets each visible text delta (never
-  // empty, whole UTF-8 characters) and returns false when the client is gone;
-  // `gone`, if set, is asked before every step too (a client that is sent
-  // nothing until the end). Throws ApiError (503 when the route fails).
+  // empty, whole UTF-8 characters) with its logprob entries and returns
+  // false when the client is gone; `gone`, if set, is asked before every
+  // step too (a client that is sent nothing until the end). Throws ApiError
+  // (503 when the route fails).
   GenerationOutcome Run(const PreparedGeneration& gen,
-                        std::chrono::steady_clock::time_point arrival,
-                        const std::function<bool(const std::string&)>& emit,
+                        std::chrono::steady_clock::time_point arrival, const EmitFn& emit,
                         const std::function<bool()>& gone = {});
 
   // The one place prompts are tokenized (special-token parsing goes here).
@@ -113,6 +122,7 @@ class Engine {
 
  private:
   bool PastShutdownDeadline() const;
+  mesh::GenerateOptions GenerateOptionsFor(const PreparedGeneration& gen) const;
   // The rendered prompt and the byte ranges of control-token text the client
   // sent (to be tokenized as text; none with allow_control_in_content).
   ControlTextMask::Prompt RenderPrompt(const std::vector<ChatMessage>& messages,

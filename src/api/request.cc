@@ -119,6 +119,76 @@ void ParsePrompt(const ordered_json& body, CompletionRequest& r) {
   }
 }
 
+// logprobs / top_logprobs: completions take an integer (0..5), chat a
+// boolean with top_logprobs (0..20).
+int Logprobs(const ordered_json& body, bool chat) {
+  const ordered_json* lp = Field(body, "logprobs");
+  const ordered_json* top = Field(body, "top_logprobs");
+  if (!chat) {
+    if (top != nullptr) ThrowBadRequest("'top_logprobs' is a chat parameter", "top_logprobs");
+    if (lp == nullptr) return -1;
+    if (!lp->is_number_integer() || lp->get<int64_t>() < 0 || lp->get<int64_t>() > 5) {
+      ThrowBadRequest("'logprobs' must be an integer in [0, 5]", "logprobs");
+    }
+    return lp->get<int>();
+  }
+  const bool on = BoolField(body, "logprobs");
+  if (top == nullptr) return on ? 0 : -1;
+  if (!on) ThrowBadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  if (!top->is_number_integer() || top->get<int64_t>() < 0 || top->get<int64_t>() > 20) {
+    ThrowBadRequest("'top_logprobs' must be an integer in [0, 20]", "top_logprobs");
+  }
+  return top->get<int>();
+}
+
+constexpr size_t kMaxLogitBias = 1024;
+
+std::vector<std::pair<int32_t, float>> LogitBias(const ordered_json& body) {
+  const ordered_json* b = Field(body, "logit_bias");
+  if (b == nullptr) return {};
+  if (!b->is_object()) ThrowBadRequest("'logit_bias' must be an object", "logit_bias");
+  if (b->size() > kMaxLogitBias) {
+    ThrowBadRequest("'logit_bias' holds at most 1024 tokens", "logit_bias");
+  }
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, value] : b->items()) {
+    const bool digits =
+        !key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) ThrowBadRequest("'logit_bias' keys must be token ids", "logit_bias");
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100) {
+      ThrowBadRequest("'logit_bias' values must be numbers in [-100, 100]", "logit_bias");
+    }
+    out.emplace_back(std::stoi(key), value.get<float>());
+  }
+  return out;
+}
+
+// What the API accepts only in its default form.
+void RefuseUnsupported(const ordered_json& body) {
+  if (const ordered_json* b = Field(body, "best_of");
+      b != nullptr && (!b->is_number_integer() || b->get<int64_t>() != 1)) {
+    ThrowBadRequest("only best_of = 1 is supported, got " + b->dump(), "best_of");
+  }
+  if (BoolField(body, "echo")) ThrowBadRequest("'echo' is not supported", "echo");
+  if (const ordered_json* s = Field(body, "suffix");
+      s != nullptr && !(s->is_string() && s->get<std::string>().empty())) {
+    ThrowBadRequest("'suffix' (insertion) is not supported", "suffix");
+  }
+  if (const ordered_json* f = Field(body, "response_format")) {
+    const ordered_json* type = f->is_object() ? Field(*f, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      ThrowBadRequest("'response_format' must be an object with a string 'type'",
+                      "response_format");
+    }
+    if (type->get<std::string>() != "text") {
+      ThrowBadRequest("'response_format' of type '" + type->get<std::string>() +
+                          "' is not supported (only 'text')",
+                      "response_format");
+    }
+  }
+}
+
 }  // namespace
 
 ordered_json ParseJsonBody(const std::string& body) {
@@ -227,6 +297,11 @@ CompletionRequest ParseCompletionRequest(const ordered_json& body, bool chat) {
   if (const ordered_json* u = Field(body, "user"); u != nullptr && !u->is_string()) {
     ThrowBadRequest("'user' must be a string", "user");
   }
+  RefuseUnsupported(body);
+  r.logprobs = Logprobs(body, chat);
+  r.adjustments.frequency_penalty = NumberIn(body, "frequency_penalty", 0.0f, -2.0, 2.0);
+  r.adjustments.presence_penalty = NumberIn(body, "presence_penalty", 0.0f, -2.0, 2.0);
+  r.adjustments.bias = LogitBias(body);
   return r;
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "shard/logit_adjustments.h"
+
 namespace meshnet::api {
 
 // One chat message with its content flattened to text (a list of text parts
@@ -41,9 +43,18 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;
+  // -1: no logprobs; else how many of the most likely tokens each token's
+  // entry lists (completions' integer logprobs 0..5; chat's logprobs: true
+  // with top_logprobs 0..20).
+  int logprobs = -1;
+  // frequency_penalty, presence_penalty ([-2, 2]), logit_bias (token id ->
+  // [-100, 100]; the ids are checked against the vocabulary later).
+  shard::LogitAdjustments adjustments;
 };
 
 // `body` is the parsed JSON body; `chat` selects the endpoint's schema.
+// Parameters the API does not implement (best_of other than 1, echo,
+// suffix, response_format other than text) are a 400 naming them.
 CompletionRequest ParseCompletionRequest(const nlohmann::ordered_json& body, bool chat);
 
 // The messages array of a chat request or of /apply-template.

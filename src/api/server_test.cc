@@ -159,6 +159,25 @@ std::vector<BadCase> BadCases() {
       {"body too large", chat, "{" + msgs + R"(,"user":")" + std::string(5000, 'x') + "\"}", 413,
        "", "request_too_large"},
       {"tokenize without content", "/tokenize", R"({"text":"x"})", 400, "content"},
+      {"best_of two", comp, R"({"prompt":"a","best_of":2})", 400, "best_of"},
+      {"echo", comp, R"({"prompt":"a","echo":true})", 400, "echo"},
+      {"suffix", comp, R"({"prompt":"a","suffix":"b"})", 400, "suffix"},
+      {"json mode", chat, "{" + msgs + R"(,"response_format":{"type":"json_object"}})", 400,
+       "response_format"},
+      {"logprobs above five", comp, R"({"prompt":"a","logprobs":6})", 400, "logprobs"},
+      {"top_logprobs without logprobs", chat, "{" + msgs + R"(,"top_logprobs":2})", 400,
+       "top_logprobs"},
+      {"top_logprobs above twenty", chat, "{" + msgs + R"(,"logprobs":true,"top_logprobs":21})",
+       400, "top_logprobs"},
+      {"frequency_penalty above two", chat, "{" + msgs + R"(,"frequency_penalty":2.5})", 400,
+       "frequency_penalty"},
+      {"presence_penalty as string", chat, "{" + msgs + R"(,"presence_penalty":"x"})", 400,
+       "presence_penalty"},
+      {"logit_bias key not an id", comp, R"({"prompt":"a","logit_bias":{"x":1}})", 400,
+       "logit_bias"},
+      {"logit_bias outside the vocabulary", comp, R"({"prompt":"a","logit_bias":{"99999":1}})", 400,
+       "logit_bias"},
+      {"logit_bias above 100", comp, R"({"prompt":"a","logit_bias":{"5":101}})", 400, "logit_bias"},
       {"detokenize bad id", "/detokenize", R"({"tokens":[-1]})", 400, "tokens"},
       {"apply-template empty messages", "/apply-template", R"({"messages":[]})", 400, "messages"},
   };
@@ -515,6 +534,88 @@ TEST(ApiServer, ClientDisconnectCancelsANonStreamedCompletion) {
                              R"("max_tokens":400})"),
             3 + 1);
   EXPECT_EQ(ts.LiveSessions(), 0) << "KV released on every hop";
+}
+
+// logprobs are the model's distribution: each token's text, in order, is the
+// completion's text; greedy picks the most likely token, which tops its
+// list; a stream carries the same entries as the whole answer.
+TEST(ApiServer, LogprobsDescribeEachToken) {
+  TestServer ts(true, 256);
+  auto cli = ts.Client();
+  auto comp =
+      cli.Post("/v1/completions",
+               R"({"prompt":"Once upon a time","temperature":0,"max_tokens":12,"logprobs":3})",
+               "application/json");
+  ASSERT_TRUE(comp);
+  ASSERT_EQ(comp->status, 200) << comp->body;
+  const json c = json::parse(comp->body)["choices"][0];
+  const json& lp = c["logprobs"];
+  std::string text;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i], text.size());
+    text += lp["tokens"][i].get<std::string>();
+    const float chosen = lp["token_logprobs"][i];
+    EXPECT_LE(chosen, 0.0f);
+    ASSERT_LE(lp["top_logprobs"][i].size(), 3u);
+    float best = -1e9f;
+    for (const auto& [token, value] : lp["top_logprobs"][i].items()) {
+      best = std::max(best, value.get<float>());
+    }
+    EXPECT_FLOAT_EQ(best, chosen) << "greedy took a token that is not the most likely";
+  }
+  EXPECT_EQ(text, c["text"]);
+  const std::string chat_req =
+      R"({"messages":[{"role":"user","content":"Once upon a time"}],"temperature":0,)"
+      R"("max_tokens":12,"logprobs":true,"top_logprobs":2)";
+  auto chat = cli.Post("/v1/chat/completions", chat_req + "}", "application/json");
+  ASSERT_TRUE(chat);
+  const json m = json::parse(chat->body)["choices"][0];
+  std::string content;
+  for (const json& e : m["logprobs"]["content"]) {
+    content += e["token"].get<std::string>();
+    EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"], e["top_logprobs"][1]["logprob"]);
+  }
+  EXPECT_EQ(content, m["message"]["content"]);
+  auto stream =
+      cli.Post("/v1/chat/completions", chat_req + R"(,"stream":true})", "application/json");
+  ASSERT_TRUE(stream);
+  json streamed = json::array();
+  for (const std::string& event : SseEvents(stream->body)) {
+    if (event == "[DONE]") continue;
+    const json chunk = json::parse(event);
+    const json& lpc = chunk["choices"][0]["logprobs"];
+    if (lpc.is_object()) {
+      for (const json& e : lpc["content"]) streamed.push_back(e);
+    }
+  }
+  EXPECT_EQ(streamed, m["logprobs"]["content"]);
+}
+
+// logit_bias steers greedy decoding onto a token; penalties change the
+// text (the story repeats "She", "play" ... within 64 tokens); without them
+// the greedy text is the same as before.
+TEST(ApiServer, LogitBiasAndPenaltiesSteerTheSample) {
+  TestServer ts(true, 256);
+  auto cli = ts.Client();
+  auto text_of = [&](const std::string& extra) {
+    auto r =
+        cli.Post("/v1/completions",
+                 R"({"prompt":"Once upon a time","temperature":0,"max_tokens":64)" + extra + "}",
+                 "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "");
+    return r ? json::parse(r->body)["choices"][0]["text"].get<std::string>() : "";
+  };
+  const std::string plain = text_of("");
+  const int32_t id = ts.engine->tokenizer().Tokenize(" dog", false, false).back();
+  const std::string biased = text_of(R"(,"logit_bias":{")" + std::to_string(id) + R"(":100})");
+  const std::string repeated = ts.engine->tokenizer().Decode(std::vector<int32_t>(64, id));
+  EXPECT_EQ(biased, repeated) << "every token is the biased one";
+  EXPECT_NE(text_of(R"(,"frequency_penalty":2)"), plain);
+  EXPECT_NE(text_of(R"(,"presence_penalty":2)"), plain);
+  EXPECT_EQ(text_of(R"(,"frequency_penalty":0,"presence_penalty":0,"logit_bias":{})"), plain);
 }
 
 TEST(ApiServer, StopSequenceIsNotEmittedAndFinishesWithStop) {

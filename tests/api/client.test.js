@@ -174,6 +174,41 @@ test("abort: a stream cancelled mid-reply releases its session on every hop", as
   assert.ok(after - before < 400, `generation stopped early (${after - before} tokens)`);
 });
 
+test("logprobs: the client library reads them; greedy takes the most likely token", async () => {
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: "user", content: "Once upon a time" }], temperature: 0,
+    max_tokens: 12, logprobs: true, top_logprobs: 3,
+  });
+  const entries = r.choices[0].logprobs.content;
+  assert.ok(entries.length > 0);
+  assert.equal(entries.map((e) => e.token).join(""), r.choices[0].message.content);
+  for (const e of entries) {
+    assert.ok(e.logprob <= 0);
+    assert.equal(e.top_logprobs.length, 3);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+  }
+  const c = await client.completions.create({
+    model: MODEL, prompt: "Once upon a time", temperature: 0, max_tokens: 8, logprobs: 2,
+  });
+  assert.equal(c.choices[0].logprobs.tokens.join(""), c.choices[0].text);
+  assert.equal(c.choices[0].logprobs.token_logprobs.length, c.choices[0].logprobs.tokens.length);
+});
+
+test("unsupported parameters are a 400 naming them", async () => {
+  for (const [param, extra] of [["best_of", { best_of: 2 }], ["echo", { echo: true }],
+    ["suffix", { suffix: "end" }]]) {
+    await assert.rejects(
+      client.completions.create({ model: MODEL, prompt: "a", max_tokens: 2, ...extra }),
+      (e) => e.status === 400 && e.param === param, param);
+  }
+  await assert.rejects(
+    client.chat.completions.create({
+      model: MODEL, messages: [{ role: "user", content: "a" }], max_tokens: 2,
+      response_format: { type: "json_object" },
+    }),
+    (e) => e.status === 400 && e.param === "response_format");
+});
+
 test("auth: a wrong or missing key is 401 with an error object", async () => {
   const bad = new OpenAI({ apiKey: "wrong", baseURL: `${api.url}/v1`, maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.code === "invalid_api_key");
