@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "api/engine.h"
+#include "api/server_test_util.h"
 #include "gguf/gguf_reader.h"
 #include "mesh/in_process.h"
 #include "node/layer_range.h"
@@ -31,66 +32,10 @@ namespace meshnet::api {
 namespace {
 
 using nlohmann::json;
+using testing::kKey;
+using testing::SseEvents;
+using testing::TestServer;
 using Clock = std::chrono::steady_clock;
-
-constexpr char kKey[] = "test-key";
-
-// A provider with no route at all.
-class NoRoute final : public mesh::RouteProvider {
- public:
-  mesh::Route Plan() override { throw Error(ErrorKind::kUnavailable, "no nodes answer"); }
-  void MarkDead(const mesh::ShardEndpoint&) override {}
-};
-
-struct TestServer {
-  explicit TestServer(bool with_route = true, int64_t ctx = 64, int max_concurrent = 4,
-                      int queue = 4) {
-    auto file = std::make_shared<const gguf::GgufFile>(
-        gguf::GgufFile::Open(std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf"));
-    mesh::InProcessMeshOptions mo;
-    mo.split = node::EvenSplit(3, 5);
-    mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
-    ProviderFactory factory;
-    if (with_route) {
-      factory = [m = mesh.get()] { return std::make_unique<mesh::FixedRouteProvider>(m->route()); };
-    } else {
-      factory = [] { return std::make_unique<NoRoute>(); };
-    }
-    EngineOptions eo{"stories260K", ctx, max_concurrent, queue};
-    engine =
-        std::make_unique<Engine>(model::Tokenizer::FromGguf(*file), ChatFormatter(), factory, eo);
-    ServerOptions so;
-    so.api_key = kKey;
-    so.max_body_bytes = 4096;
-    so.worker_threads = max_concurrent + queue + 4;
-    server = std::make_unique<ApiServer>(engine.get(), so);
-    port = server->Bind("127.0.0.1", 0);
-    thread = std::thread([this] { server->Serve(); });
-  }
-  ~TestServer() {
-    engine->BeginShutdown(Clock::now());
-    server->Stop();
-    thread.join();
-  }
-  httplib::Client Client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_bearer_token_auth(kKey);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
-  int64_t LiveSessions() {
-    int64_t n = 0;
-    for (int i = 0; i < mesh->num_shards(); ++i) n += mesh->manager(i).Stats().live_sessions;
-    return n;
-  }
-
-  ThreadPool pool{1};
-  std::unique_ptr<mesh::InProcessMesh> mesh;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<ApiServer> server;
-  std::thread thread;
-  int port = 0;
-};
 
 struct BadCase {
   std::string name;
@@ -271,23 +216,6 @@ TEST(ApiServer, NoRouteIs503OnHealthAndCompletions) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 503);
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "route_unavailable");
-}
-
-// Splits an SSE body into the data payloads of its events, checking framing.
-std::vector<std::string> SseEvents(const std::string& body) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    const size_t end = body.find("\n\n", pos);
-    EXPECT_NE(end, std::string::npos) << "unterminated event at " << pos;
-    if (end == std::string::npos) break;
-    const std::string event = body.substr(pos, end - pos);
-    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
-    EXPECT_EQ(event.find('\n'), std::string::npos) << "one data line per event";
-    out.push_back(event.substr(6));
-    pos = end + 2;
-  }
-  return out;
 }
 
 TEST(ApiServer, StreamingChatFramingMatchesTheNonStreamedAnswer) {
@@ -534,88 +462,6 @@ TEST(ApiServer, ClientDisconnectCancelsANonStreamedCompletion) {
                              R"("max_tokens":400})"),
             3 + 1);
   EXPECT_EQ(ts.LiveSessions(), 0) << "KV released on every hop";
-}
-
-// logprobs are the model's distribution: each token's text, in order, is the
-// completion's text; greedy picks the most likely token, which tops its
-// list; a stream carries the same entries as the whole answer.
-TEST(ApiServer, LogprobsDescribeEachToken) {
-  TestServer ts(true, 256);
-  auto cli = ts.Client();
-  auto comp =
-      cli.Post("/v1/completions",
-               R"({"prompt":"Once upon a time","temperature":0,"max_tokens":12,"logprobs":3})",
-               "application/json");
-  ASSERT_TRUE(comp);
-  ASSERT_EQ(comp->status, 200) << comp->body;
-  const json c = json::parse(comp->body)["choices"][0];
-  const json& lp = c["logprobs"];
-  std::string text;
-  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
-    EXPECT_EQ(lp["text_offset"][i], text.size());
-    text += lp["tokens"][i].get<std::string>();
-    const float chosen = lp["token_logprobs"][i];
-    EXPECT_LE(chosen, 0.0f);
-    ASSERT_LE(lp["top_logprobs"][i].size(), 3u);
-    float best = -1e9f;
-    for (const auto& [token, value] : lp["top_logprobs"][i].items()) {
-      best = std::max(best, value.get<float>());
-    }
-    EXPECT_FLOAT_EQ(best, chosen) << "greedy took a token that is not the most likely";
-  }
-  EXPECT_EQ(text, c["text"]);
-  const std::string chat_req =
-      R"({"messages":[{"role":"user","content":"Once upon a time"}],"temperature":0,)"
-      R"("max_tokens":12,"logprobs":true,"top_logprobs":2)";
-  auto chat = cli.Post("/v1/chat/completions", chat_req + "}", "application/json");
-  ASSERT_TRUE(chat);
-  const json m = json::parse(chat->body)["choices"][0];
-  std::string content;
-  for (const json& e : m["logprobs"]["content"]) {
-    content += e["token"].get<std::string>();
-    EXPECT_EQ(e["bytes"].size(), e["token"].get<std::string>().size());
-    ASSERT_EQ(e["top_logprobs"].size(), 2u);
-    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
-    EXPECT_GE(e["top_logprobs"][0]["logprob"], e["top_logprobs"][1]["logprob"]);
-  }
-  EXPECT_EQ(content, m["message"]["content"]);
-  auto stream =
-      cli.Post("/v1/chat/completions", chat_req + R"(,"stream":true})", "application/json");
-  ASSERT_TRUE(stream);
-  json streamed = json::array();
-  for (const std::string& event : SseEvents(stream->body)) {
-    if (event == "[DONE]") continue;
-    const json chunk = json::parse(event);
-    const json& lpc = chunk["choices"][0]["logprobs"];
-    if (lpc.is_object()) {
-      for (const json& e : lpc["content"]) streamed.push_back(e);
-    }
-  }
-  EXPECT_EQ(streamed, m["logprobs"]["content"]);
-}
-
-// logit_bias steers greedy decoding onto a token; penalties change the
-// text (the story repeats "She", "play" ... within 64 tokens); without them
-// the greedy text is the same as before.
-TEST(ApiServer, LogitBiasAndPenaltiesSteerTheSample) {
-  TestServer ts(true, 256);
-  auto cli = ts.Client();
-  auto text_of = [&](const std::string& extra) {
-    auto r =
-        cli.Post("/v1/completions",
-                 R"({"prompt":"Once upon a time","temperature":0,"max_tokens":64)" + extra + "}",
-                 "application/json");
-    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "");
-    return r ? json::parse(r->body)["choices"][0]["text"].get<std::string>() : "";
-  };
-  const std::string plain = text_of("");
-  const int32_t id = ts.engine->tokenizer().Tokenize(" dog", false, false).back();
-  const std::string biased = text_of(R"(,"logit_bias":{")" + std::to_string(id) + R"(":100})");
-  const std::string repeated = ts.engine->tokenizer().Decode(std::vector<int32_t>(64, id));
-  EXPECT_EQ(biased, repeated) << "every token is the biased one";
-  EXPECT_NE(text_of(R"(,"frequency_penalty":2)"), plain);
-  EXPECT_NE(text_of(R"(,"presence_penalty":2)"), plain);
-  EXPECT_EQ(text_of(R"(,"frequency_penalty":0,"presence_penalty":0,"logit_bias":{})"), plain);
 }
 
 TEST(ApiServer, StopSequenceIsNotEmittedAndFinishesWithStop) {

@@ -193,6 +193,8 @@ std::string SendChunked(RawHttp& c, const std::string& head, size_t total) {
 TEST_P(FrontDoor, ChunkedBodiesAreCountedAsTheyArrive) {
   Start({"--max-body", "1MiB"});
   ASSERT_EQ(HealthStatus(), 200);
+  HeldStream stream(Connect(/*rcvbuf=*/2048));
+  ASSERT_TRUE(stream.started());
   const int64_t before = PeakKib();
   const std::string head =
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
@@ -212,6 +214,7 @@ TEST_P(FrontDoor, ChunkedBodiesAreCountedAsTheyArrive) {
   const int64_t grew_kib = PeakKib() - before;
   std::printf("chunked 3 x 64 MiB: peak RSS +%lld KiB\n", static_cast<long long>(grew_kib));
   EXPECT_LT(grew_kib, 24 << 10) << "a refused body was held in memory";
+  EXPECT_TRUE(stream.Finish());
   // A chunked body within the limit still works.
   auto c = Connect();
   const std::string body = R"({"prompt":"Once","max_tokens":2})";
@@ -253,8 +256,10 @@ std::string GzipZeros(size_t n) {
 TEST_P(FrontDoor, CompressedBodiesAreRefused) {
   Start();
   ASSERT_EQ(HealthStatus(), 200);
-  const int64_t before = PeakKib();
   const std::string bomb = GzipZeros(256u << 20);
+  HeldStream stream(Connect(/*rcvbuf=*/2048));
+  ASSERT_TRUE(stream.started());
+  const int64_t before = PeakKib();
   ASSERT_LT(bomb.size(), 1u << 20);
   for (const std::string encoding : {"gzip", "deflate", "br", "gzip, identity"}) {
     for (const std::string& key : {std::string(kKey), std::string()}) {
@@ -266,6 +271,7 @@ TEST_P(FrontDoor, CompressedBodiesAreRefused) {
   const int64_t grew_kib = PeakKib() - before;
   std::printf("gzip bombs: peak RSS +%lld KiB\n", static_cast<long long>(grew_kib));
   EXPECT_LT(grew_kib, 24 << 10);
+  EXPECT_TRUE(stream.Finish());
   EXPECT_EQ(HealthStatus(), 200);
 }
 
@@ -379,6 +385,8 @@ TEST_P(FrontDoor, ManyRangesGetOnePage) {
 TEST_P(FrontDoor, OversizedHeadsAreRefusedBeforeAuth) {
   Start();
   ASSERT_EQ(HealthStatus(), 200);
+  HeldStream stream(Connect(/*rcvbuf=*/2048));
+  ASSERT_TRUE(stream.started());
   const int64_t before = PeakKib();
   for (const auto& [count, size] : std::vector<std::pair<int, int>>{{2600, 8000}, {1000, 4}}) {
     auto c = Connect();
@@ -395,6 +403,7 @@ TEST_P(FrontDoor, OversizedHeadsAreRefusedBeforeAuth) {
   const int64_t grew_kib = PeakKib() - before;
   std::printf("oversized heads: peak RSS +%lld KiB\n", static_cast<long long>(grew_kib));
   EXPECT_LT(grew_kib, 16 << 10);
+  EXPECT_TRUE(stream.Finish());
   EXPECT_EQ(HealthStatus(), 200);
 }
 
