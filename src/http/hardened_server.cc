@@ -69,6 +69,37 @@ HardenedServer::~HardenedServer() = default;
 
 void HardenedServer::SetErrorHandler(Handler handler) { user_error_ = std::move(handler); }
 
+void HardenedServer::Get(const std::string& pattern, Handler handler) {
+  httplib::Server::Get(pattern, std::move(handler));
+}
+void HardenedServer::Options(const std::string& pattern, Handler handler) {
+  httplib::Server::Options(pattern, std::move(handler));
+}
+void HardenedServer::Post(const std::string& pattern, HandlerWithContentReader handler) {
+  httplib::Server::Post(pattern, std::move(handler));
+}
+void HardenedServer::Put(const std::string& pattern, HandlerWithContentReader handler) {
+  httplib::Server::Put(pattern, std::move(handler));
+}
+void HardenedServer::Patch(const std::string& pattern, HandlerWithContentReader handler) {
+  httplib::Server::Patch(pattern, std::move(handler));
+}
+void HardenedServer::Delete(const std::string& pattern, HandlerWithContentReader handler) {
+  httplib::Server::Delete(pattern, std::move(handler));
+}
+
+// After every route (httplib tries them in order): a body method on any
+// other path is a 404 without its body read (httplib would read it whole
+// into the request first, before routing to nothing).
+void HardenedServer::AddCatchAlls() {
+  auto not_found = [](const httplib::Request&, httplib::Response& res,
+                      const httplib::ContentReader&) { res.status = 404; };
+  httplib::Server::Post(".*", not_found);
+  httplib::Server::Put(".*", not_found);
+  httplib::Server::Patch(".*", not_found);
+  httplib::Server::Delete(".*", not_found);
+}
+
 void HardenedServer::InstallGuards() {
   const size_t max_body = options_.connection.max_body_bytes;
   // Framing checks, before the body is read and before any handler (so
@@ -146,6 +177,7 @@ int HardenedServer::Bind(const std::string& host_in, int port) {
 
 void HardenedServer::Serve() {
   if (!hub_) ThrowInvalidArgument("Serve() before Bind()");
+  AddCatchAlls();
   {
     MutexLock lock(&stop_mu_);
     if (stop_requested_) hub_->Stop(stop_deadline_);

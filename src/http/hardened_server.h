@@ -72,14 +72,18 @@ class HardenedServer : private httplib::Server {
   explicit HardenedServer(HardenedOptions options);
   ~HardenedServer() override;
 
-  using httplib::Server::Delete;
-  using httplib::Server::Get;
-  using httplib::Server::Options;
-  using httplib::Server::Patch;
-  using httplib::Server::Post;
-  using httplib::Server::Put;
   using Handler = httplib::Server::Handler;
   using HandlerWithContentReader = httplib::Server::HandlerWithContentReader;
+
+  // Routes, registered before Serve. A method with a body takes a content
+  // reader handler only (it reads the body itself, e.g. with ReadBody, after
+  // its own checks); a path without one gets 404 and its body is not read.
+  void Get(const std::string& pattern, Handler handler);
+  void Options(const std::string& pattern, Handler handler);
+  void Post(const std::string& pattern, HandlerWithContentReader handler);
+  void Put(const std::string& pattern, HandlerWithContentReader handler);
+  void Patch(const std::string& pattern, HandlerWithContentReader handler);
+  void Delete(const std::string& pattern, HandlerWithContentReader handler);
 
   // Called for every response of status >= 400 that is not one of the
   // server's own refusals (e.g. httplib's 404 for an unknown path).
@@ -99,6 +103,7 @@ class HardenedServer : private httplib::Server {
 
  private:
   void ServeConnection(Connection& conn, bool* keep);
+  void AddCatchAlls();
   void WorkerLoop();
   void InstallGuards();
 

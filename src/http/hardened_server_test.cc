@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -43,8 +44,10 @@ struct Gate {
 };
 
 struct TestServer {
-  explicit TestServer(HardenedOptions o = Options(), const std::string& host = "127.0.0.1")
+  explicit TestServer(HardenedOptions o = Options(), const std::string& host = "127.0.0.1",
+                      const std::function<void(HardenedServer&)>& more_routes = {})
       : server(o) {
+    if (more_routes) more_routes(server);
     server.Get("/hello", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("hi", "text/plain");
     });
@@ -209,6 +212,12 @@ TEST(HardenedServer, ChunkedBodiesAreCountedExactly) {
     EXPECT_TRUE(status == 415 || status == 501 || status == 413 || status == 400) << bad;
     EXPECT_TRUE(c.closed()) << bad;
   }
+  // A body for a path without a route is not read: 404 at once.
+  RawHttp nowhere(ts.address, false);
+  nowhere.Send("POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\nabc");
+  const Clock::time_point asked = Clock::now();
+  EXPECT_EQ(StatusOf(nowhere.Read(10)), 404);
+  EXPECT_LT(SecondsSince(asked), 0.5) << "waited for a body no route reads";
   RawHttp slow(ts.address, false);
   slow.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc");
   const std::string r = slow.Read(10);
@@ -269,13 +278,14 @@ TEST(HardenedServer, StopClosesWhatIsNotInAHandler) {
 // A handler stuck writing to a client that never reads is shut down at the
 // hard deadline.
 TEST(HardenedServer, TheHardDeadlineEndsAStuckHandler) {
-  auto ts = std::make_unique<TestServer>();
-  ts->server.Get("/forever", [](const httplib::Request&, httplib::Response& res) {
-    res.set_chunked_content_provider("text/plain", [](size_t, httplib::DataSink& sink) {
-      const std::string block(65536, 'z');
-      while (sink.write(block.data(), block.size())) {
-      }
-      return false;
+  auto ts = std::make_unique<TestServer>(TestServer::Options(), "127.0.0.1", [](HardenedServer& s) {
+    s.Get("/forever", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/plain", [](size_t, httplib::DataSink& sink) {
+        const std::string block(65536, 'z');
+        while (sink.write(block.data(), block.size())) {
+        }
+        return false;
+      });
     });
   });
   RawHttp reader(ts->address, false, /*rcvbuf=*/4096);

@@ -225,6 +225,27 @@ TEST_F(CliHardeningTest, BatchFlagsOutOfRangeExitTwo) {
   EXPECT_EQ(ok.exit_code, 0) << Describe(ok);
 }
 
+// The front door's limits are range-checked before anything starts: exit 2
+// naming the flag and its range.
+TEST_F(CliHardeningTest, FrontDoorLimitsOutOfRangeExitTwo) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--head-timeout", "0"},
+      {"--head-timeout", "-1"},
+      {"--body-timeout", "3601"},
+      {"--max-connections", "0"},
+      {"--max-connections", "100001"},
+      {"--max-connections-per-ip", "0"},
+      {"--max-connections-per-ip", "600"},
+  };
+  for (const auto& flag : cases) {
+    const CliResult r = Run({"api", "--listen", "127.0.0.1:0", flag[0], flag[1]});
+    ASSERT_FALSE(r.timed_out) << flag[0] << " started";
+    EXPECT_EQ(r.exit_code, 2) << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr(flag[0] + " must be in")) << Describe(r);
+    EXPECT_THAT(r.out, Not(HasSubstr("listening on")));
+  }
+}
+
 // --ggml-parity computes in llama.cpp's arithmetic: `meshnet generate` prints
 // llama.cpp's greedy text for a preset of tests/data/quant (its
 // reference_outputs.json); other KV dtypes are refused with exit code 2.
