@@ -102,6 +102,9 @@ class FrontDoor : public ::testing::TestWithParam<Transport> {
   std::unique_ptr<NodeProcess> api_;
 };
 
+// Tests of behaviour that does not depend on the transport: plain only.
+class PlainFrontDoor : public FrontDoor {};
+
 // A streamed completion left unread (the client's small receive window holds
 // the server's writes back), so it is in flight while the test attacks.
 class HeldStream {
@@ -449,8 +452,7 @@ TEST_P(FrontDoor, HalfClosedClientsGetTheirReply) {
 // --max-concurrent 1 (was: each tokenized before admission, ~35 MB apiece,
 // 60 of them +2.1 GB): refused as longer than the context without being
 // tokenized, or tokenized one at a time; peak RSS stays bounded.
-TEST_P(FrontDoor, HugePromptsAreNotTokenizedWhileWaiting) {
-  if (GetParam() != Transport::kPlain) GTEST_SKIP() << "a memory bound, not a transport's";
+TEST_P(PlainFrontDoor, HugePromptsAreNotTokenizedWhileWaiting) {
   Start({"--max-concurrent", "1", "--max-body", "2MiB"});
   ASSERT_EQ(HealthStatus(), 200);
   const int64_t before = PeakKib();
@@ -483,8 +485,7 @@ TEST_P(FrontDoor, HugePromptsAreNotTokenizedWhileWaiting) {
 // model's control tokens (</s><s>) is tokenized as text over HTTP: more
 // prompt tokens than with --allow-control-in-content, where the two become
 // control tokens (was: always control tokens, role spoofing).
-TEST_P(FrontDoor, ControlTextInMessagesStaysText) {
-  if (GetParam() != Transport::kPlain) GTEST_SKIP() << "not a transport's behaviour";
+TEST_P(PlainFrontDoor, ControlTextInMessagesStaysText) {
   const std::string tmpl = dir_.file("turns.jinja");
   std::ofstream(tmpl) << "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}</s>{% endfor %}"
                          "<s>assistant:";
@@ -507,6 +508,7 @@ TEST_P(FrontDoor, ControlTextInMessagesStaysText) {
 INSTANTIATE_TEST_SUITE_P(Transports, FrontDoor,
                          ::testing::Values(Transport::kPlain, Transport::kTls, Transport::kIpv6),
                          Name);
+INSTANTIATE_TEST_SUITE_P(Transports, PlainFrontDoor, ::testing::Values(Transport::kPlain), Name);
 
 }  // namespace
 }  // namespace meshnet::rpc
