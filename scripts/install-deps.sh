@@ -11,7 +11,7 @@ PKGS=(
   libssl-dev openssl libisal-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev
-  libhwy-dev libpcre2-dev
+  libhwy-dev libpcre2-dev libicu-dev
   python3-numpy python3-jinja2
   libcpp-httplib-dev curl chromium
   etcd-server etcd-client

@@ -66,6 +66,9 @@ struct Stmt {
   std::vector<std::string> targets;
   std::string attr;
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro parameters and defaults
+  // A macro whose body names `caller`, `varargs` or `kwargs` takes a call block, extra
+  // positional arguments, extra keyword arguments (jinja2 refuses them otherwise).
+  bool uses_caller = false, uses_varargs = false, uses_kwargs = false;
   Body body;
   Body else_body;
 };

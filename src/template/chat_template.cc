@@ -7,8 +7,9 @@ namespace meshnet::jinja {
 
 Result<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
   try {
-    std::shared_ptr<const Program> program = ParseTemplate(source);
-    return ChatTemplate(std::move(program));
+    std::unique_ptr<Program> program = ParseTemplate(source);
+    FoldConstants(*program);
+    return ChatTemplate(std::shared_ptr<const Program>(std::move(program)));
   } catch (const meshnet::Error& e) {
     return meshnet::Error(e.kind(), e.what());
   } catch (const std::exception& e) {  // e.g. std::bad_alloc: still an error, never a crash

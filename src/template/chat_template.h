@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -51,9 +52,15 @@ struct ChatTemplateOptions {
   // messages/add_generation_prompt/bos_token/eos_token/tools.
   nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();
   // Limits: a hostile template gets an error, never unbounded time or memory.
-  std::size_t max_output_bytes = 8u << 20;
-  std::uint64_t max_steps = 5'000'000;  // evaluated nodes (loop iterations, expressions, ...)
-  int max_depth = 400;                  // nested calls / expressions / statements
+  std::size_t max_output_bytes = 8u << 20;  // the output and every string or JSON built
+  std::uint64_t max_steps = 5'000'000;      // evaluated nodes (loop iterations, expressions, ...)
+  int max_depth = 400;                      // nested calls / expressions / statements
+  // Work: the bytes of the strings and the items of the lists an operation reads or builds,
+  // the nodes a comparison may visit, n log n per sort. A render that spends more is stopped.
+  std::uint64_t max_work = std::uint64_t{1} << 31;
+  // Polled while rendering (every 1024 steps and every MiB of work); when it returns true the
+  // render stops with kUnavailable, e.g. because the client that asked for it is gone.
+  std::function<bool()> cancelled;
 };
 
 struct Program;  // the parsed template (AST), internal

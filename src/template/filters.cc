@@ -1,9 +1,16 @@
 // jinja2's built-in filters and tests that chat templates use, plus HF's tojson.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <string_view>
+#include <unordered_set>
 
 #include "template/interpreter.h"
+#include "template/markup.h"
+#include "template/unicode_case.h"
 
 namespace meshnet::jinja {
 namespace {
@@ -27,20 +34,6 @@ bool ArgBool(CallArgs& a, size_t i, std::string_view name, bool def) {
 
 std::string Trim(std::string_view s) { return PyStrip(s, nullptr, true, true); }
 
-std::string ToLower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
-}
-
-std::string ToUpper(std::string s) {
-  for (char& c : s) {
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
-  }
-  return s;
-}
-
 // A dotted attribute path ("function.name") or integer index, as jinja2's make_attrgetter.
 Value Attribute(const Value& item, const std::string& path) {
   Value cur = item;
@@ -49,7 +42,6 @@ Value Attribute(const Value& item, const std::string& path) {
     size_t e = path.find('.', b);
     std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
     bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    if (cur.is_undefined()) return cur;
     cur = digits ? GetItem(cur, Value(static_cast<int64_t>(std::stoll(part)))) : GetAttr(cur, part);
     if (e == std::string::npos) break;
     b = e + 1;
@@ -72,6 +64,7 @@ Value SelectImpl(Interpreter& in, const Value& input, CallArgs& args, bool by_at
   for (size_t i = next; i < args.positional.size(); ++i)
     test_args.positional.push_back(args.positional[i]);
   List out;
+  if (!input.Truthy()) return Value(std::move(out));  // jinja2: `if value: for item in value`
   for (const Value& item : input.Iterate()) {
     in.Step();
     Value v = by_attr ? Attribute(item, attr) : item;
@@ -96,6 +89,7 @@ Value FilterTojson(Interpreter& in, const Value& v, CallArgs& args) {
     o.separators.emplace(l[0].as_string(), l[1].as_string());
   }
   o.sort_keys = ArgBool(args, 99, "sort_keys", false);
+  o.max_bytes = in.options().max_output_bytes;
   std::string s = ToJson(v, o);
   in.CheckSize(s.size());
   return Value(std::move(s));
@@ -113,7 +107,9 @@ Value FilterMap(Interpreter& in, const Value& input, CallArgs& args) {
     }
     filter = args.positional[0].as_string();
     rest.positional.assign(args.positional.begin() + 1, args.positional.end());
+    rest.keywords = args.keywords;
   }
+  if (!input.Truthy()) return Value(std::move(out));  // jinja2: `if value: for item in value`
   for (const Value& item : input.Iterate()) {
     in.Step();
     if (attr != nullptr) {
@@ -128,7 +124,8 @@ Value FilterMap(Interpreter& in, const Value& input, CallArgs& args) {
 }
 
 Value FilterJoin(Interpreter& in, const Value& input, CallArgs& args) {
-  std::string sep = ArgString(args, 0, "d", "");
+  const Value* d = Arg(args, 0, "d");
+  std::string sep = d == nullptr ? "" : d->Str();  // str(d).join(map(str, value))
   const Value* attr = Arg(args, 1, "attribute");
   std::string out;
   bool first = true;
@@ -141,15 +138,19 @@ Value FilterJoin(Interpreter& in, const Value& input, CallArgs& args) {
   return Value(std::move(out));
 }
 
+// jinja2's replace filter (autoescape off): str(s).replace(str(old), str(new), count).
 Value FilterReplace(Interpreter& in, const Value& input, CallArgs& args) {
-  std::string s = input.Str(), from = ArgString(args, 0, "old", ""),
-              to = ArgString(args, 1, "new", "");
+  const Value* old_arg = Arg(args, 0, "old");
+  const Value* new_arg = Arg(args, 1, "new");
+  if (old_arg == nullptr || new_arg == nullptr) ThrowRuntime("replace needs old and new");
+  std::string s = input.Str(), from = old_arg->Str(), to = new_arg->Str();
   const Value* count = Arg(args, 2, "count");
   int64_t limit = count && count->is_int() ? count->as_int() : -1;
   std::string out;
   size_t pos = 0;
   for (int64_t n = 0; limit < 0 || n < limit; ++n) {
-    size_t hit = from.empty() ? (pos <= s.size() ? pos : std::string::npos) : s.find(from, pos);
+    size_t hit =
+        from.empty() ? (pos <= s.size() ? pos : std::string::npos) : FindText(s, from, pos);
     if (hit == std::string::npos) break;
     out.append(s, pos, hit - pos);
     out += to;
@@ -159,8 +160,9 @@ Value FilterReplace(Interpreter& in, const Value& input, CallArgs& args) {
         pos = s.size() + 1;
         break;
       }
-      out += s[hit];
-      pos = hit + 1;
+      size_t next = CodePointOffset(s, 1, hit);  // Python inserts between code points
+      out.append(s, hit, next - hit);
+      pos = next;
     } else {
       pos = hit + from.size();
     }
@@ -172,6 +174,10 @@ Value FilterReplace(Interpreter& in, const Value& input, CallArgs& args) {
 // jinja2's indent: the text gets a "\n" appended and is split into lines (so a trailing newline
 // is dropped); blank lines are indented only with blank=true, the first line only with first=true.
 Value FilterIndent(Interpreter& in, const Value& input, CallArgs& args) {
+  if (!input.is_string()) {  // `s += "\n"` fails for anything else
+    if (input.is_undefined()) ThrowRuntime(input.undefined_hint());
+    ThrowRuntime("indent: expected a string, got " + input.TypeName());
+  }
   const Value* w = Arg(args, 0, "width");
   std::string pad = "    ";
   if (w != nullptr && w->is_string()) pad = w->as_string();
@@ -191,23 +197,41 @@ Value FilterIndent(Interpreter& in, const Value& input, CallArgs& args) {
     out += lines[i];
     in.CheckSize(out.size());
   }
-  return Value(first ? pad + out : out);
+  return StrLike(input, first ? pad + out : out);
 }
 
 Value FilterSort(Interpreter& in, const Value& input, CallArgs& args) {
   List items = input.Iterate();
   bool reverse = ArgBool(args, 0, "reverse", false);
+  bool case_sensitive = ArgBool(args, 1, "case_sensitive", false);
   const Value* attr = Arg(args, 2, "attribute");
-  auto key = [&](const Value& v) { return attr ? Attribute(v, attr->Str()) : v; };
-  std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-    Value x = key(a), y = key(b);
-    if (x.is_string() && y.is_string()) {
-      x = Value(ToLower(x.as_string()));
-      y = Value(ToLower(y.as_string()));
+  // jinja2 sorts by a list of keys, one per comma-separated attribute: equal keys (undefined
+  // ones included) keep their order, others compare with <.
+  std::vector<std::string> attrs;
+  for (size_t b = 0; attr != nullptr && b <= attr->Str().size();) {
+    size_t e = attr->Str().find(',', b);
+    attrs.push_back(attr->Str().substr(b, e == std::string::npos ? e : e - b));
+    b = e == std::string::npos ? SIZE_MAX : e + 1;
+  }
+  std::vector<std::pair<Value, size_t>> keyed;  // (key, position): keys made once
+  for (size_t i = 0; i < items.size(); ++i) {
+    List key;
+    for (size_t k = 0; k < std::max<size_t>(attrs.size(), 1); ++k) {
+      Value part = attrs.empty() ? items[i] : Attribute(items[i], attrs[k]);
+      if (part.is_string() && !case_sensitive) part = Value(PyLower(part.as_string()));
+      key.push_back(std::move(part));
     }
-    return BinaryOp(in, reverse ? ">" : "<", x, y).Truthy();
+    keyed.emplace_back(Value(std::move(key)), i);
+  }
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+    in.Charge(Interpreter::kItemCost + std::min(a.first.weight(), b.first.weight()));
+    const Value &x = reverse ? b.first : a.first, &y = reverse ? a.first : b.first;
+    return BinaryOp(in, "<", x, y).Truthy();
   });
-  return Value(std::move(items));
+  List out;
+  out.reserve(items.size());
+  for (const auto& [k, i] : keyed) out.push_back(items[i]);
+  return Value(std::move(out));
 }
 
 Value FilterItems(Interpreter&, const Value& v, CallArgs&) {
@@ -218,31 +242,78 @@ Value FilterItems(Interpreter&, const Value& v, CallArgs&) {
   return Value(std::move(out));
 }
 
+// The text of a Python int(str) / float(str) argument with whitespace and underscores taken
+// out, or "" when it is not one: [sign] digits ('_' only between digits), for floats with an
+// optional fraction and exponent, or inf / infinity / nan.
+std::string NumericText(std::string_view raw, bool is_float) {
+  const std::string s = Trim(raw);
+  std::string out;
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];
+  if (is_float) {
+    std::string rest = PyLower(s.substr(i));
+    if (rest == "inf" || rest == "infinity" || rest == "nan") return out + rest;
+  }
+  auto digits = [&] {
+    size_t start = out.size();
+    while (i < s.size()) {
+      if (std::isdigit(static_cast<unsigned char>(s[i]))) {
+        out += s[i++];
+      } else if (s[i] == '_' && out.size() > start && i + 1 < s.size() &&
+                 std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+        ++i;
+      } else {
+        break;
+      }
+    }
+    return out.size() > start;
+  };
+  bool whole = digits();
+  if (is_float && i < s.size() && s[i] == '.') {
+    out += s[i++];
+    whole = digits() || whole;
+  }
+  if (!whole) return "";
+  if (is_float && i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    out += s[i++];
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];
+    if (!digits()) return "";
+  }
+  return i == s.size() ? out : "";
+}
+
+// jinja2's int filter: int(value), else int(float(value)), else the default.
 Value FilterInt(Interpreter&, const Value& v, CallArgs& args) {
   const Value* def = Arg(args, 0, "default");
+  if (v.is_undefined()) ThrowRuntime(v.undefined_hint());  // int(Undefined) raises
   if (v.is_int()) return v;
   if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
-  if (v.is_float() && std::isfinite(v.as_float())) return Value(static_cast<int64_t>(v.as_float()));
+  double d = v.is_float() ? v.as_float() : std::nan("");
   if (v.is_string()) {
-    try {
-      size_t used = 0;
-      std::string t = Trim(v.as_string());
-      int64_t i = std::stoll(t, &used);
-      if (used == t.size()) return Value(i);
-      double d = std::stod(t, &used);
-      if (used == t.size() && std::isfinite(d)) return Value(static_cast<int64_t>(d));
-    } catch (const std::exception&) {
+    if (std::string t = NumericText(v.as_string(), false); !t.empty()) {
+      errno = 0;
+      long long i = std::strtoll(t.c_str(), nullptr, 10);
+      if (errno == ERANGE) ThrowRuntime("int: " + t + " does not fit 64 bits");
+      return Value(static_cast<int64_t>(i));
     }
+    if (std::string t = NumericText(v.as_string(), true); !t.empty()) {
+      d = std::strtod(t.c_str(), nullptr);
+    }
+  }
+  if (std::isinf(d)) ThrowRuntime("cannot convert float infinity to integer");
+  if (std::isfinite(d)) {
+    if (std::fabs(d) >= 9.2e18) ThrowRuntime("int: the value does not fit 64 bits");
+    return Value(static_cast<int64_t>(d));
   }
   return def ? *def : Value(0);
 }
 
 Value FilterFloat(Interpreter&, const Value& v, CallArgs& args) {
+  if (v.is_undefined()) ThrowRuntime(v.undefined_hint());  // float(Undefined) raises
   if (v.is_number() || v.is_bool()) return Value(v.as_number());
   if (v.is_string()) {
-    try {
-      return Value(std::stod(v.as_string()));
-    } catch (const std::exception&) {
+    if (std::string t = NumericText(v.as_string(), true); !t.empty()) {
+      return Value(std::strtod(t.c_str(), nullptr));
     }
   }
   const Value* def = Arg(args, 0, "default");
@@ -263,50 +334,105 @@ Value FilterFirstLast(const Value& v, bool first) {
   return first ? items.front() : items.back();
 }
 
-// jinja2's title filter: words start after runs of whitespace, '-', '(', '{', '[' or '<'.
-Value FilterTitle(std::string s) {
-  bool start = true;
-  for (char& c : s) {
-    bool boundary = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' ||
-                    c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
-    if (!boundary) c = start ? ToUpper(std::string(1, c))[0] : ToLower(std::string(1, c))[0];
-    start = boundary;
+// A hashable value's identity for `unique` (Python set semantics: 1 == 1.0 == True; strings
+// lowercased unless case-sensitive); lists, dicts and namespaces are unhashable.
+std::string HashKey(const Value& v, bool case_sensitive) {
+  switch (v.kind()) {
+    case Value::Kind::kUndefined:
+      return "U";
+    case Value::Kind::kNone:
+      return "N";
+    case Value::Kind::kBool:
+      return "I" + std::to_string(static_cast<int>(v.as_bool()));
+    case Value::Kind::kInt:
+      return "I" + std::to_string(v.as_int());
+    case Value::Kind::kFloat: {
+      double d = v.as_float();
+      if (std::trunc(d) == d && std::fabs(d) < 9.2e18) {
+        return "I" + std::to_string(static_cast<int64_t>(d));
+      }
+      return "F" + FormatFloat(d);
+    }
+    case Value::Kind::kString:
+      return "S" + (case_sensitive ? v.as_string() : PyLower(v.as_string()));
+    case Value::Kind::kList:
+      if (v.is_tuple()) {
+        std::string key = "T";
+        for (const Value& item : v.as_list()) {
+          std::string k = HashKey(item, case_sensitive);
+          key += std::to_string(k.size()) + ":" + k;
+        }
+        return key;
+      }
+      break;
+    case Value::Kind::kNs:  // hashed by identity
+      return "O" + std::to_string(reinterpret_cast<uintptr_t>(&v.as_namespace()));
+    default:
+      break;
   }
-  return Value(std::move(s));
+  ThrowRuntime("unhashable type: '" + v.TypeName() + "'");
 }
 
-Value FilterUnique(Interpreter& in, const Value& v, CallArgs&) {
+Value FilterUnique(Interpreter& in, const Value& v, CallArgs& args) {
+  bool case_sensitive = ArgBool(args, 0, "case_sensitive", false);
+  const Value* attr = Arg(args, 1, "attribute");
   List out;
+  std::unordered_set<std::string> seen;
   for (const Value& item : v.Iterate()) {
     in.Step();
-    bool seen = false;
-    for (const Value& o : out) seen = seen || o.Equals(item);
-    if (!seen) out.push_back(item);
+    std::string key = HashKey(attr ? Attribute(item, attr->Str()) : item, case_sensitive);
+    in.Charge(key.size() + Interpreter::kItemCost);
+    if (seen.insert(std::move(key)).second) out.push_back(item);
   }
   return Value(std::move(out));
 }
 
-Value FilterMinMax(Interpreter& in, const Value& v, bool max) {
+// min/max(value, case_sensitive=False, attribute=None): the first smallest (largest) by key.
+Value FilterMinMax(Interpreter& in, const Value& v, CallArgs& args, bool max) {
   List items = v.Iterate();
   if (items.empty()) return Value(Undefined{"No aggregated item, sequence was empty."});
-  Value best = items[0];
-  for (const Value& item : items) {
-    if (BinaryOp(in, max ? ">" : "<", item, best).Truthy()) best = item;
+  bool case_sensitive = ArgBool(args, 0, "case_sensitive", false);
+  const Value* attr = Arg(args, 1, "attribute");
+  auto key = [&](const Value& item) {
+    Value k = attr ? Attribute(item, attr->Str()) : item;
+    return k.is_string() && !case_sensitive ? Value(PyLower(k.as_string())) : k;
+  };
+  size_t best = 0;
+  Value best_key = key(items[0]);
+  for (size_t i = 1; i < items.size(); ++i) {
+    in.Step();
+    Value k = key(items[i]);
+    if (BinaryOp(in, max ? ">" : "<", k, best_key).Truthy()) {
+      best = i;
+      best_key = std::move(k);
+    }
   }
-  return best;
+  return items[best];
 }
 
 Value FilterTrim(Interpreter&, const Value& v, CallArgs& a) {
   const Value* chars = Arg(a, 0, "chars");
-  if (chars == nullptr || chars->is_none() || chars->is_undefined()) return Value(Trim(v.Str()));
+  if (chars == nullptr || chars->is_none() || chars->is_undefined()) {
+    return StrLike(v, Trim(v.Str()));
+  }
   std::string set = chars->Str();
-  return Value(PyStrip(v.Str(), &set, true, true));
+  return StrLike(v, PyStrip(v.Str(), &set, true, true));
 }
 
-Value FilterCapitalize(Interpreter&, const Value& v, CallArgs&) {
-  std::string s = ToLower(v.Str());
-  if (!s.empty()) s[0] = ToUpper(s.substr(0, 1))[0];
-  return Value(std::move(s));
+// soft_str(value) then a str method: a Markup stays one.
+Value SoftStrMap(const Value& v, std::string (*fn)(std::string_view)) {
+  Value str = SoftStr(v);
+  return StrLike(str, fn(str.as_string()));
+}
+
+// jinja2's format filter: soft_str(value) % (kwargs or args).
+Value FilterFormat(Interpreter& in, const Value& v, CallArgs& a) {
+  Value fmt = SoftStr(v);
+  if (!a.keywords.empty()) {
+    Dict kw(a.keywords.begin(), a.keywords.end());
+    return PercentFormat(in, fmt, Value(std::move(kw)));
+  }
+  return PercentFormat(in, fmt, Value::Tuple(a.positional));
 }
 
 Value FilterDefault(Interpreter&, const Value& v, CallArgs& a) {
@@ -317,11 +443,11 @@ Value FilterDefault(Interpreter&, const Value& v, CallArgs& a) {
 }
 
 Value FilterReverse(Interpreter&, const Value& v, CallArgs&) {
-  if (v.is_string()) {
+  if (v.is_string()) {  // value[::-1]: a Markup stays one
     auto cps = SplitCodePoints(v.as_string());
     std::string out;
     for (auto it = cps.rbegin(); it != cps.rend(); ++it) out.append(*it);
-    return Value(std::move(out));
+    return StrLike(v, std::move(out));
   }
   List items = v.Iterate();
   std::reverse(items.begin(), items.end());
@@ -329,8 +455,13 @@ Value FilterReverse(Interpreter&, const Value& v, CallArgs&) {
 }
 
 Value FilterAbs(Interpreter&, const Value& v, CallArgs&) {
-  return v.is_int() ? Value(v.as_int() < 0 ? -v.as_int() : v.as_int())
-                    : Value(std::fabs(v.as_number()));
+  if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
+  if (v.is_int()) {
+    if (v.as_int() == INT64_MIN) ThrowRuntime("integer overflow in abs");
+    return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+  }
+  if (!v.is_float()) ThrowRuntime("bad operand type for abs(): '" + v.TypeName() + "'");
+  return Value(std::fabs(v.as_float()));
 }
 
 Value FilterSum(Interpreter& in, const Value& v, CallArgs&) {
@@ -354,13 +485,19 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"count", FilterLength},
       {"unique", FilterUnique},
       {"trim", FilterTrim},
-      {"string", [](Interpreter&, const Value& v, CallArgs&) { return Value(v.Str()); }},
-      {"safe", [](Interpreter&, const Value& v, CallArgs&) { return v; }},
-      {"e", [](Interpreter&, const Value& v, CallArgs&) { return v; }},
-      {"lower", [](Interpreter&, const Value& v, CallArgs&) { return Value(ToLower(v.Str())); }},
-      {"upper", [](Interpreter&, const Value& v, CallArgs&) { return Value(ToUpper(v.Str())); }},
-      {"title", [](Interpreter&, const Value& v, CallArgs&) { return FilterTitle(v.Str()); }},
-      {"capitalize", FilterCapitalize},
+      {"string", [](Interpreter&, const Value& v, CallArgs&) { return SoftStr(v); }},
+      {"safe", [](Interpreter&, const Value& v,
+                  CallArgs&) { return v.is_markup() ? v : Value::Markup(v.Str()); }},
+      {"e", [](Interpreter&, const Value& v, CallArgs&) { return Escape(v); }},
+      {"escape", [](Interpreter&, const Value& v, CallArgs&) { return Escape(v); }},
+      {"forceescape",
+       [](Interpreter&, const Value& v, CallArgs&) { return Value::Markup(HtmlEscape(v.Str())); }},
+      {"format", FilterFormat},
+      {"lower", [](Interpreter&, const Value& v, CallArgs&) { return SoftStrMap(v, PyLower); }},
+      {"upper", [](Interpreter&, const Value& v, CallArgs&) { return SoftStrMap(v, PyUpper); }},
+      {"title", [](Interpreter&, const Value& v, CallArgs&) { return Value(JinjaTitle(v.Str())); }},
+      {"capitalize",
+       [](Interpreter&, const Value& v, CallArgs&) { return SoftStrMap(v, PyCapitalize); }},
       {"default", FilterDefault},
       {"first", [](Interpreter&, const Value& v, CallArgs&) { return FilterFirstLast(v, true); }},
       {"last", [](Interpreter&, const Value& v, CallArgs&) { return FilterFirstLast(v, false); }},
@@ -369,8 +506,9 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"abs", FilterAbs},
       {"sum", FilterSum},
       {"min",
-       [](Interpreter& in, const Value& v, CallArgs&) { return FilterMinMax(in, v, false); }},
-      {"max", [](Interpreter& in, const Value& v, CallArgs&) { return FilterMinMax(in, v, true); }},
+       [](Interpreter& in, const Value& v, CallArgs& a) { return FilterMinMax(in, v, a, false); }},
+      {"max",
+       [](Interpreter& in, const Value& v, CallArgs& a) { return FilterMinMax(in, v, a, true); }},
       {"select", [](Interpreter& in, const Value& v,
                     CallArgs& a) { return SelectImpl(in, v, a, false, true); }},
       {"reject", [](Interpreter& in, const Value& v,
@@ -394,7 +532,9 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
       {"mapping", [](Interpreter&, const Value& v, CallArgs&) { return v.is_dict(); }},
       {"iterable",
        [](Interpreter&, const Value& v, CallArgs&) { return IsSequence(v) || v.is_undefined(); }},
-      {"sequence", [](Interpreter&, const Value& v, CallArgs&) { return IsSequence(v); }},
+      // Undefined has len() and [] (both empty), so it is a sequence.
+      {"sequence",
+       [](Interpreter&, const Value& v, CallArgs&) { return IsSequence(v) || v.is_undefined(); }},
       {"number",
        [](Interpreter&, const Value& v, CallArgs&) { return v.is_number() || v.is_bool(); }},
       {"integer", [](Interpreter&, const Value& v, CallArgs&) { return v.is_int(); }},
@@ -403,21 +543,21 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
       {"true", [](Interpreter&, const Value& v, CallArgs&) { return v.is_bool() && v.as_bool(); }},
       {"false",
        [](Interpreter&, const Value& v, CallArgs&) { return v.is_bool() && !v.as_bool(); }},
-      {"callable", [](Interpreter&, const Value& v, CallArgs&) { return v.is_callable(); }},
+      // Undefined is callable (calling it raises).
+      {"callable",
+       [](Interpreter&, const Value& v, CallArgs&) { return v.is_callable() || v.is_undefined(); }},
       // Python `is`: identity; for the singletons none/true/false that is same kind and value.
       {"sameas",
        [](Interpreter&, const Value& v, CallArgs& a) {
          const Value* o = Arg(a, 0, "other");
          return o != nullptr && o->kind() == v.kind() && v.Equals(*o);
        }},
-      {"odd",
-       [](Interpreter&, const Value& v, CallArgs&) { return v.is_int() && v.as_int() % 2 != 0; }},
-      {"even",
-       [](Interpreter&, const Value& v, CallArgs&) { return v.is_int() && v.as_int() % 2 == 0; }},
-      {"lower", [](Interpreter&, const Value& v,
-                   CallArgs&) { return v.is_string() && ToLower(v.as_string()) == v.as_string(); }},
-      {"upper", [](Interpreter&, const Value& v,
-                   CallArgs&) { return v.is_string() && ToUpper(v.as_string()) == v.as_string(); }},
+      {"odd", [](Interpreter& in, const Value& v,
+                 CallArgs&) { return BinaryOp(in, "%", v, Value(2)).Equals(Value(1)); }},
+      {"even", [](Interpreter& in, const Value& v,
+                  CallArgs&) { return BinaryOp(in, "%", v, Value(2)).Equals(Value(0)); }},
+      {"lower", [](Interpreter&, const Value& v, CallArgs&) { return PyIsLower(v.Str()); }},
+      {"upper", [](Interpreter&, const Value& v, CallArgs&) { return PyIsUpper(v.Str()); }},
       {"divisibleby",
        [](Interpreter& in, const Value& v, CallArgs& a) {
          const Value* d = Arg(a, 0, "num");

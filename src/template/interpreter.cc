@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <memory>
+#include <optional>
 
 namespace meshnet::jinja {
 
@@ -25,6 +26,28 @@ void Interpreter::Frame::Set(const std::string& name, Value v) {
   vars.emplace_back(name, std::move(v));
 }
 
+namespace {
+
+bool PassesContext(const std::string& filter) {
+  return filter == "map" || filter == "select" || filter == "reject" || filter == "selectattr" ||
+         filter == "rejectattr";
+}
+
+}  // namespace
+
+Value Interpreter::EvalConstant(const Expr& e) {
+  Frame empty;
+  folding_ = true;
+  try {
+    Value v = Eval(e, empty);
+    folding_ = false;
+    return v;
+  } catch (...) {
+    folding_ = false;
+    throw;
+  }
+}
+
 Interpreter::DepthGuard::DepthGuard(Interpreter* i) : in(i) {
   if (++in->depth_ > in->opts_.max_depth) {
     ThrowRuntime("template nesting exceeds the depth limit of " +
@@ -36,6 +59,30 @@ void Interpreter::Step() {
   if (++steps_ > opts_.max_steps) {
     ThrowRuntime("template exceeds the step limit of " + std::to_string(opts_.max_steps));
   }
+  if ((steps_ & 1023) == 0) PollCancelled();
+}
+
+void Interpreter::PollCancelled() const {
+  if (opts_.cancelled && opts_.cancelled()) {
+    throw TemplateError(ErrorKind::kUnavailable, "template rendering cancelled");
+  }
+}
+
+void Interpreter::Charge(uint64_t units) {
+  work_ = units > UINT64_MAX - work_ ? UINT64_MAX : work_ + units;
+  if (work_ > opts_.max_work) {
+    ThrowRuntime("template exceeds the work limit of " + std::to_string(opts_.max_work) +
+                 " (bytes and items read, built or compared)");
+  }
+  if (work_ >= next_poll_) {
+    next_poll_ = work_ + (1 << 20);
+    PollCancelled();
+  }
+}
+
+uint64_t Interpreter::Cost(const Value& v) {
+  if (v.is_string()) return v.as_string().size();
+  return v.is_list() || v.is_dict() ? v.width() * kItemCost : 1;
 }
 
 void Interpreter::CheckSize(size_t string_bytes, size_t list_items) const {
@@ -43,10 +90,13 @@ void Interpreter::CheckSize(size_t string_bytes, size_t list_items) const {
     ThrowRuntime("template value exceeds the output limit of " +
                  std::to_string(opts_.max_output_bytes) + " bytes");
   }
-  if (list_items > (1u << 20)) ThrowRuntime("template list exceeds 1048576 items");
+  if (list_items > Value::kMaxItems) {
+    ThrowRuntime("template list exceeds " + std::to_string(Value::kMaxItems) + " items");
+  }
 }
 
-void Interpreter::Write(std::string& out, std::string_view text) const {
+void Interpreter::Write(std::string& out, std::string_view text) {
+  Charge(text.size());
   if (out.size() + text.size() > opts_.max_output_bytes) {
     ThrowRuntime("template output exceeds the limit of " + std::to_string(opts_.max_output_bytes) +
                  " bytes");
@@ -84,12 +134,10 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, Frame& frame, std::string
     case Stmt::Type::kIf:
       return Exec(Eval(*s.expr, frame).Truthy() ? s.body : s.else_body, frame, out);
     case Stmt::Type::kFor:
-      ExecFor(s, frame, out);
-      break;
+      return ExecFor(s, frame, out);
     case Stmt::Type::kSet:
     case Stmt::Type::kSetBlock:
-      ExecSet(s, frame, out);
-      break;
+      return ExecSet(s, frame, out);
     case Stmt::Type::kMacro:
       DefineMacro(s, frame);
       break;
@@ -176,9 +224,10 @@ Value MakeLoop(const List& items, size_t i) {
 
 }  // namespace
 
-void Interpreter::ExecFor(const Stmt& s, Frame& frame, std::string& out) {
+Interpreter::Flow Interpreter::ExecFor(const Stmt& s, Frame& frame, std::string& out) {
   Value iterable = Eval(*s.expr, frame);
   if (iterable.is_none()) ThrowRuntime("'NoneType' object is not iterable");
+  Charge(Cost(iterable));
   List items = iterable.Iterate();
   if (s.cond) {  // the filter sees the loop target, not `loop`
     List kept;
@@ -190,21 +239,29 @@ void Interpreter::ExecFor(const Stmt& s, Frame& frame, std::string& out) {
     }
     items = std::move(kept);
   }
+  // jinja2 runs the else block unless some iteration reached the end of the body (one that
+  // breaks or continues does not).
+  bool completed = false;
   for (size_t i = 0; i < items.size(); ++i) {
     Step();
     Frame f{{}, &frame};
     Assign(f, s.targets, items[i]);
     f.Set("loop", MakeLoop(items, i));
-    if (Exec(s.body, f, out) == Flow::kBreak) break;
+    Flow flow = Exec(s.body, f, out);
+    if (flow == Flow::kBreak) break;
+    completed = completed || flow == Flow::kNormal;
   }
-  if (items.empty()) Exec(s.else_body, frame, out);
+  // A break or continue in the else block belongs to the enclosing loop.
+  return completed ? Flow::kNormal : Exec(s.else_body, frame, out);
 }
 
-void Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
+Interpreter::Flow Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
   if (s.type == Stmt::Type::kSetBlock) {
     std::string text;
     Frame inner{{}, &frame};
-    Exec(s.body, inner, text);
+    // A break or continue in the block leaves it (and the loop) without assigning, as jinja2's
+    // inlined block does.
+    if (Flow flow = Exec(s.body, inner, text); flow != Flow::kNormal) return flow;
     Value v(std::move(text));
     if (s.expr) {
       const Value* saved = pipe_input_;
@@ -214,12 +271,12 @@ void Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
       v = std::move(filtered);
     }
     frame.Set(s.targets[0], std::move(v));
-    return;
+    return Flow::kNormal;
   }
   Value v = Eval(*s.expr, frame);
   if (s.attr.empty()) {
     Assign(frame, s.targets, v);
-    return;
+    return Flow::kNormal;
   }
   const Value* ns = frame.Lookup(s.targets[0]);
   if (ns == nullptr || !ns->is_namespace()) {
@@ -231,43 +288,66 @@ void Interpreter::ExecSet(const Stmt& s, Frame& frame, std::string& out) {
   for (auto& [k, old] : attrs) {
     if (k == s.attr) {
       old = std::move(v);
-      return;
+      return Flow::kNormal;
     }
   }
   attrs.emplace_back(s.attr, std::move(v));
+  return Flow::kNormal;
 }
 
 void Interpreter::DefineMacro(const Stmt& s, Frame& frame) {
   const Stmt* macro = &s;
-  auto fn = std::make_shared<Callable>(Callable{s.text, [macro](Interpreter& in, CallArgs& args) {
-                                                  Value caller;
-                                                  for (auto it = args.keywords.begin();
-                                                       it != args.keywords.end(); ++it) {
-                                                    if (it->first == "caller") {
-                                                      caller = it->second;
-                                                      args.keywords.erase(it);
-                                                      break;
-                                                    }
-                                                  }
-                                                  return in.CallMacro(*macro, args, caller);
-                                                }});
+  auto fn = std::make_shared<Callable>(Callable{
+      s.text, [macro](Interpreter& in, CallArgs& args) { return in.CallMacro(*macro, args); }});
   frame.Set(s.text, Value(std::shared_ptr<const Callable>(fn)));
 }
 
-Value Interpreter::CallMacro(const Stmt& macro, CallArgs& args, const Value& caller) {
+// jinja2's Macro.__call__: parameters from positional then keyword arguments; `caller`,
+// `varargs` and `kwargs` only for a macro that names them, else extra arguments are an error.
+Value Interpreter::CallMacro(const Stmt& macro, CallArgs& args) {
   DepthGuard guard(this);
   Frame f{{}, root_};
+  auto keywords = args.keywords;
+  auto take = [&](const std::string& name) -> std::optional<Value> {
+    for (auto it = keywords.begin(); it != keywords.end(); ++it) {
+      if (it->first == name) {
+        Value v = std::move(it->second);
+        keywords.erase(it);
+        return v;
+      }
+    }
+    return std::nullopt;
+  };
   for (size_t i = 0; i < macro.params.size(); ++i) {
     const auto& [name, def] = macro.params[i];
-    const Value* v = args.Get(i, name);
-    f.Set(name, v ? *v : def ? Eval(*def, f) : Value(Undefined{"'" + name + "' is undefined"}));
+    std::optional<Value> v = i < args.positional.size() ? args.positional[i] : take(name);
+    f.Set(name, v                ? *v
+                : def != nullptr ? Eval(*def, f)
+                                 : Value(Undefined{"parameter '" + name + "' was not provided"}));
   }
-  List varargs;
-  for (size_t i = macro.params.size(); i < args.positional.size(); ++i) {
-    varargs.push_back(args.positional[i]);
+  if (macro.uses_caller) {
+    std::optional<Value> caller = take("caller");
+    f.Set("caller", caller ? *caller : Value(Undefined{"No caller defined"}));
   }
-  f.Set("varargs", Value(std::move(varargs)));
-  if (!caller.is_undefined()) f.Set("caller", caller);
+  if (macro.uses_kwargs) {
+    f.Set("kwargs", Value(Dict(keywords.begin(), keywords.end())));
+  } else if (!keywords.empty()) {
+    ThrowRuntime(keywords[0].first == "caller"
+                     ? "macro '" + macro.text +
+                           "' was invoked with two values for the special caller argument"
+                     : "macro '" + macro.text + "' takes no keyword argument '" +
+                           keywords[0].first + "'");
+  }
+  if (macro.uses_varargs) {
+    List varargs;
+    for (size_t i = macro.params.size(); i < args.positional.size(); ++i) {
+      varargs.push_back(args.positional[i]);
+    }
+    f.Set("varargs", Value::Tuple(std::move(varargs)));
+  } else if (args.positional.size() > macro.params.size()) {
+    ThrowRuntime("macro '" + macro.text + "' takes not more than " +
+                 std::to_string(macro.params.size()) + " argument(s)");
+  }
   std::string text;
   Exec(macro.body, f, text);
   return Value(std::move(text));
@@ -285,20 +365,29 @@ Value Interpreter::Call(const Value& callee, CallArgs& args) {
 
 CallArgs Interpreter::EvalArgs(const Expr& e, Frame& frame, size_t first) {
   CallArgs args;
-  for (size_t i = first; i < e.args.size(); ++i) args.positional.push_back(Eval(*e.args[i], frame));
-  for (const auto& [k, v] : e.kwargs) args.keywords.emplace_back(k, Eval(*v, frame));
+  for (size_t i = first; i < e.args.size(); ++i) {
+    args.positional.push_back(Eval(*e.args[i], frame));
+    Charge(Cost(args.positional.back()));
+  }
+  for (const auto& [k, v] : e.kwargs) {
+    args.keywords.emplace_back(k, Eval(*v, frame));
+    Charge(Cost(args.keywords.back().second));
+  }
   return args;
 }
 
 Value Interpreter::EvalName(const Expr& e, Frame& frame) {
+  if (folding_) throw NotConstant{};
   const Value* v = frame.Lookup(e.name);
   return v ? *v : Value(Undefined{"'" + e.name + "' is undefined"});
 }
 
 Value Interpreter::EvalCall(const Expr& e, Frame& frame) {
+  if (folding_) throw NotConstant{};
   const Expr& callee = *e.args[0];
   if (callee.type == Expr::Type::kAttr) {
     Value obj = Eval(*callee.args[0], frame);
+    Charge(Cost(obj));
     const Value* member = obj.Find(callee.name);
     if (member == nullptr || !member->is_callable()) {
       CallArgs args = EvalArgs(e, frame, 1);
@@ -350,9 +439,17 @@ Value UnaryOp(const std::string& op, const Value& v) {
 
 }  // namespace
 
+// Every operation pays for what it reads (its operands) and what it builds (its result), so a
+// loop over a large value costs its size each time, whatever the operation.
 Value Interpreter::Eval(const Expr& e, Frame& frame) {
   Step();
   DepthGuard guard(this);
+  Value v = EvalNode(e, frame);
+  if (e.type != Expr::Type::kLiteral && e.type != Expr::Type::kName) Charge(Cost(v));
+  return v;
+}
+
+Value Interpreter::EvalNode(const Expr& e, Frame& frame) {
   switch (e.type) {
     case Expr::Type::kLiteral:
       return e.literal;
@@ -365,31 +462,46 @@ Value Interpreter::Eval(const Expr& e, Frame& frame) {
     }
     case Expr::Type::kDict:
       return EvalDict(e, frame);
-    case Expr::Type::kAttr:
-      return GetAttr(Eval(*e.args[0], frame), e.name);
-    case Expr::Type::kItem:
-      return GetItem(Eval(*e.args[0], frame), Eval(*e.args[1], frame));
+    case Expr::Type::kAttr: {
+      Value obj = Eval(*e.args[0], frame);
+      Charge(Cost(obj));
+      return GetAttr(obj, e.name);
+    }
+    case Expr::Type::kItem: {
+      Value obj = Eval(*e.args[0], frame);
+      Charge(Cost(obj));
+      return GetItem(obj, Eval(*e.args[1], frame));
+    }
     case Expr::Type::kSlice: {
       Value obj = Eval(*e.args[0], frame);
+      Charge(Cost(obj));
       auto part = [&](int i) { return e.args[i] ? Eval(*e.args[i], frame) : Value(None{}); };
-      return Slice(obj, part(1), part(2), part(3));
+      return Slice(obj, part(1), part(2), part(3), folding_);
     }
     case Expr::Type::kCall:
       return EvalCall(e, frame);
     case Expr::Type::kFilter: {
+      // Not constants: filters that need the context, and a block set's input.
+      if (folding_ && (PassesContext(e.name) || (!e.args[0] && !pipe_input_))) throw NotConstant{};
       Value input = e.args[0] ? Eval(*e.args[0], frame) : *pipe_input_;
+      Charge(Cost(input));
       CallArgs args = EvalArgs(e, frame, 1);
       return ApplyFilter(*this, e.name, input, args);
     }
     case Expr::Type::kTest: {
       Value input = Eval(*e.args[0], frame);
+      Charge(Cost(input));
       CallArgs args = EvalArgs(e, frame, 1);
       return Value(ApplyTest(*this, e.name, input, args));
     }
     case Expr::Type::kUnary:
       return UnaryOp(e.name, Eval(*e.args[0], frame));
-    case Expr::Type::kBinary:
-      return BinaryOp(*this, e.name, Eval(*e.args[0], frame), Eval(*e.args[1], frame));
+    case Expr::Type::kBinary: {
+      Value a = Eval(*e.args[0], frame);
+      Value b = Eval(*e.args[1], frame);
+      Charge(Cost(a) + Cost(b));
+      return BinaryOp(*this, e.name, a, b);
+    }
     case Expr::Type::kAnd: {
       Value a = Eval(*e.args[0], frame);
       return a.Truthy() ? Eval(*e.args[1], frame) : a;

@@ -84,6 +84,12 @@ struct Dumper {
   std::string out;
   int depth_guard = 0;
 
+  void CheckSize() const {
+    if (out.size() > opts.max_bytes) {
+      ThrowRuntime("tojson: the result exceeds " + std::to_string(opts.max_bytes) + " bytes");
+    }
+  }
+
   void Newline(int level) {
     if (opts.indent < 0) return;
     out += '\n';
@@ -118,9 +124,6 @@ struct Dumper {
       case Value::Kind::kDict:
         DumpDict(v.as_dict(), level);
         break;
-      case Value::Kind::kNs:
-        DumpDict(v.as_namespace().attrs, level);
-        break;
       default:
         ThrowRuntime("Object of type " + v.TypeName() + " is not JSON serializable");
     }
@@ -137,6 +140,7 @@ struct Dumper {
       if (i > 0) out += item_sep;
       Newline(level + 1);
       Dump(list[i], level + 1);
+      CheckSize();
     }
     Newline(level);
     out += ']';
@@ -160,6 +164,7 @@ struct Dumper {
       DumpString(out, items[i]->first, opts.ensure_ascii);
       out += key_sep;
       Dump(items[i]->second, level + 1);
+      CheckSize();
     }
     Newline(level);
     out += '}';
@@ -175,6 +180,7 @@ std::string ToJson(const Value& v, const JsonDumpOptions& opts) {
     d.key_sep = opts.separators->second;
   }
   d.Dump(v, 0);
+  d.CheckSize();
   return std::move(d.out);
 }
 

@@ -3,9 +3,19 @@
 #include <ctime>
 
 #include "template/interpreter.h"
+#include "template/markup.h"
+#include "template/unicode_case.h"
 
 namespace meshnet::jinja {
 namespace {
+
+// A required str argument (Python raises for a missing one, None or any other type).
+std::string RequiredStr(CallArgs& a, size_t i, std::string_view name) {
+  const Value* v = a.Get(i, name);
+  if (v == nullptr) ThrowRuntime("missing required argument '" + std::string(name) + "'");
+  if (!v->is_string()) ThrowRuntime("must be str, not " + v->TypeName());
+  return v->as_string();
+}
 
 std::string StrArg(CallArgs& a, size_t i, std::string_view name, std::string def) {
   const Value* v = a.Get(i, name);
@@ -14,7 +24,8 @@ std::string StrArg(CallArgs& a, size_t i, std::string_view name, std::string def
   return v->as_string();
 }
 
-Value Split(const std::string& s, CallArgs& a) {
+Value Split(Interpreter& in, const Value& str, CallArgs& a) {
+  const std::string& s = str.as_string();
   const Value* sep_v = a.Get(0, "sep");
   const Value* max_v = a.Get(1, "maxsplit");
   int64_t maxsplit = max_v && max_v->is_int() ? max_v->as_int() : -1;
@@ -24,13 +35,14 @@ Value Split(const std::string& s, CallArgs& a) {
     while (true) {
       while (size_t n = WhitespaceAt(s, i)) i += n;
       if (i >= s.size()) break;
+      in.CheckSize(0, out.size() + 1);
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        out.emplace_back(PyStrip(s.substr(i), nullptr, false, true));
+        out.push_back(StrLike(str, PyStrip(s.substr(i), nullptr, false, true)));
         break;
       }
       size_t j = i;
       while (j < s.size() && WhitespaceAt(s, j) == 0) ++j;
-      out.emplace_back(s.substr(i, j - i));
+      out.push_back(StrLike(str, s.substr(i, j - i)));
       i = j;
     }
     return Value(std::move(out));
@@ -39,12 +51,13 @@ Value Split(const std::string& s, CallArgs& a) {
   if (sep.empty()) ThrowRuntime("empty separator");
   size_t pos = 0;
   while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-    size_t hit = s.find(sep, pos);
+    size_t hit = FindText(s, sep, pos);
     if (hit == std::string::npos) break;
-    out.emplace_back(s.substr(pos, hit - pos));
+    in.CheckSize(0, out.size() + 2);
+    out.push_back(StrLike(str, s.substr(pos, hit - pos)));
     pos = hit + sep.size();
   }
-  out.emplace_back(s.substr(pos));
+  out.push_back(StrLike(str, s.substr(pos)));
   return Value(std::move(out));
 }
 
@@ -66,107 +79,87 @@ bool AffixMatch(const std::string& s, const Value* arg, bool prefix) {
   return one(*arg);
 }
 
-// str.format with positional "{}" / "{0}" and keyword "{name}" fields (no format specs).
-Value Format(const std::string& s, CallArgs& a) {
-  std::string out;
-  size_t auto_index = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if ((c == '{' || c == '}') && i + 1 < s.size() && s[i + 1] == c) {
-      out += c;
-      ++i;
-      continue;
-    }
-    if (c != '{') {
-      out += c;
-      continue;
-    }
-    size_t close = s.find('}', i);
-    if (close == std::string::npos) ThrowRuntime("Single '{' encountered in format string");
-    std::string field = s.substr(i + 1, close - i - 1);
-    const Value* v = nullptr;
-    if (field.empty()) {
-      v = a.Get(auto_index++, "");
-    } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
-      v = a.Get(std::stoul(field), "");
-    } else {
-      v = a.Get(SIZE_MAX, field);
-    }
-    if (v == nullptr) ThrowRuntime("format: missing argument for {" + field + "}");
-    out += v->Str();
-    i = close;
-  }
-  return Value(std::move(out));
-}
-
-Value Join(Interpreter& in, const std::string& s, CallArgs& a) {
+// str.join takes only strings; Markup.join escapes each item (so it takes any value).
+Value Join(Interpreter& in, const Value& sep, CallArgs& a) {
   std::string out;
   bool first = true;
   for (const Value& v : a.positional.empty() ? List{} : a.positional[0].Iterate()) {
-    if (!first) out += s;
+    if (!first) out += sep.as_string();
     first = false;
-    out += v.Str();
+    if (sep.is_markup()) {
+      out += Escape(v).as_string();
+    } else if (v.is_string()) {
+      out += v.as_string();
+    } else {
+      ThrowRuntime("sequence item: expected str instance, " + v.TypeName() + " found");
+    }
     in.CheckSize(out.size());
   }
-  return Value(std::move(out));
+  return StrLike(sep, std::move(out));
 }
 
-Value SplitLines(const std::string& s) {
+Value SplitLines(Interpreter& in, const Value& str) {
+  const std::string& s = str.as_string();
   List out;
   size_t b = 0;
   while (b < s.size()) {
     size_t e = s.find('\n', b);
     if (e == std::string::npos) e = s.size();
-    out.emplace_back(s.substr(b, e - b));
+    in.CheckSize(0, out.size() + 1);
+    out.push_back(StrLike(str, s.substr(b, e - b)));
     b = e + 1;
   }
   return Value(std::move(out));
 }
 
-// Python's str.title: a cased letter after an uncased one is upper.
-Value Title(const std::string& s) {
-  std::string out = s;
-  bool prev_cased = false;
-  for (char& c : out) {
-    bool upper = c >= 'A' && c <= 'Z', lower = c >= 'a' && c <= 'z';
-    if (upper && prev_cased) c = static_cast<char>(c - 'A' + 'a');
-    if (lower && !prev_cased) c = static_cast<char>(c - 'a' + 'A');
-    prev_cased = upper || lower;
-  }
-  return Value(std::move(out));
-}
-
-Value StringMethod(Interpreter& in, const std::string& s, const std::string& name, CallArgs& a,
+Value StringMethod(Interpreter& in, const Value& str, const std::string& name, CallArgs& a,
                    bool* found) {
+  const std::string& s = str.as_string();
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const Value* c = a.Get(0, "chars");
     std::string chars = c == nullptr || c->is_none() ? "" : StrArg(a, 0, "chars", "");
+    if (str.is_markup() && !(c != nullptr && c->is_markup())) chars = HtmlEscape(chars);
     bool ws = c == nullptr || c->is_none();
-    return Value(PyStrip(s, ws ? nullptr : &chars, name != "rstrip", name != "lstrip"));
+    return StrLike(str, PyStrip(s, ws ? nullptr : &chars, name != "rstrip", name != "lstrip"));
   }
-  if (name == "split") return Split(s, a);
+  if (name == "split") return Split(in, str, a);
   if (name == "startswith") return Value(AffixMatch(s, a.Get(0, "prefix"), true));
   if (name == "endswith") return Value(AffixMatch(s, a.Get(0, "suffix"), false));
-  if (name == "format") return Format(s, a);
+  if (name == "format") return StrFormat(in, str, a);
   if (name == "find") {
-    size_t hit = s.find(StrArg(a, 0, "sub", ""));
+    size_t hit = FindText(s, RequiredStr(a, 0, "sub"));
     return Value(hit == std::string::npos ? int64_t{-1}
                                           : static_cast<int64_t>(CodePointCount(s.substr(0, hit))));
   }
   if (name == "count") {
-    std::string sub = StrArg(a, 0, "sub", "");
+    std::string sub = RequiredStr(a, 0, "sub");
     if (sub.empty()) return Value(static_cast<int64_t>(CodePointCount(s) + 1));
     int64_t n = 0;
-    for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+    for (size_t p = FindText(s, sub); p != std::string::npos;
+         p = FindText(s, sub, p + sub.size())) {
+      ++n;
+    }
     return Value(n);
   }
-  if (name == "join") return Join(in, s, a);
-  if (name == "splitlines") return SplitLines(s);
-  if (name == "title") return Title(s);
-  // The rest map to filters of the same meaning.
-  static const char* const kAsFilter[] = {"upper", "lower", "capitalize", "replace"};
-  for (const char* f : kAsFilter) {
-    if (name == f) return ApplyFilter(in, f, Value(s), a);
+  if (name == "join") return Join(in, str, a);
+  if (name == "splitlines") return SplitLines(in, str);
+  if (name == "title") return StrLike(str, PyTitle(s));
+  if (name == "upper") return StrLike(str, PyUpper(s));
+  if (name == "lower") return StrLike(str, PyLower(s));
+  if (name == "capitalize") return StrLike(str, PyCapitalize(s));
+  if (name == "replace") {
+    // Markup's methods escape their string arguments (markupsafe 2.1, Debian bookworm's).
+    CallArgs copy = a;
+    for (size_t i = 0; i < 2; ++i) {
+      if (i >= copy.positional.size() || !copy.positional[i].is_string()) {
+        ThrowRuntime("replace() arguments must be str");
+      }
+    }
+    if (str.is_markup()) {
+      copy.positional[0] = Escape(copy.positional[0]);
+      copy.positional[1] = Escape(copy.positional[1]);
+    }
+    return StrLike(str, ApplyFilter(in, "replace", Value(s), copy).as_string());
   }
   *found = false;
   return Value();
@@ -187,6 +180,9 @@ Value DictMethod(const Value& obj, const std::string& name, CallArgs& a, bool* f
   if (name == "get") {
     const Value* key = a.Get(0, "key");
     const Value* def = a.Get(1, "default");
+    if (key != nullptr && ((key->is_list() && !key->is_tuple()) || key->is_dict())) {
+      ThrowRuntime("unhashable type: '" + key->TypeName() + "'");
+    }
     const Value* hit = key && key->is_string() ? obj.Find(key->as_string()) : nullptr;
     return hit ? *hit : def ? *def : Value(None{});
   }
@@ -200,7 +196,7 @@ Value CallMethod(Interpreter& in, const Value& obj, const std::string& name, Cal
                  bool* found) {
   in.Step();
   *found = true;
-  if (obj.is_string()) return StringMethod(in, obj.as_string(), name, args, found);
+  if (obj.is_string()) return StringMethod(in, obj, name, args, found);
   if (obj.is_dict()) return DictMethod(obj, name, args, found);
   if (obj.is_list() && name == "index") {
     const Value* item = args.Get(0, "value");
@@ -251,16 +247,24 @@ Dict BuiltinGlobals() {
     size_t n = a.positional.size();
     if (n == 0 || n > 3) ThrowRuntime("range expects 1 to 3 arguments");
     for (size_t i = 0; i < n; ++i) {
-      if (!a.positional[i].is_int()) ThrowRuntime("range arguments must be integers");
+      const Value& p = a.positional[i];
+      if (!p.is_int() && !p.is_bool()) ThrowRuntime("range arguments must be integers");
+      v[n == 1 ? 1 : i] = p.is_bool() ? p.as_bool() : p.as_int();
     }
-    if (n == 1) v[1] = a.positional[0].as_int();
-    for (size_t i = 0; n > 1 && i < n; ++i) v[i] = a.positional[i].as_int();
     if (v[2] == 0) ThrowRuntime("range() arg 3 must not be zero");
+    // The sandbox's limit (jinja2.sandbox.MAX_RANGE), so the same templates fail.
+    constexpr __int128 kMaxRange = 100000;
+    __int128 span = static_cast<__int128>(v[1]) - v[0], step = v[2];
+    __int128 len = step > 0 ? (span > 0 ? (span + step - 1) / step : 0)
+                            : (span < 0 ? (-span + -step - 1) / -step : 0);
+    if (len > kMaxRange) {
+      ThrowRuntime("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+    }
     List out;
-    for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
-      in.CheckSize(0, out.size() + 1);
+    out.reserve(static_cast<size_t>(len));
+    for (__int128 k = 0; k < len; ++k) {
       in.Step();
-      out.emplace_back(i);
+      out.emplace_back(static_cast<int64_t>(v[0] + k * step));
     }
     return Value(std::move(out));
   }));

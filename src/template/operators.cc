@@ -1,7 +1,9 @@
 // Attribute/item access, slicing and binary operators with Python's semantics.
+#include <algorithm>
 #include <cmath>
 
 #include "template/interpreter.h"
+#include "template/markup.h"
 
 namespace meshnet::jinja {
 namespace {
@@ -81,42 +83,87 @@ Value Arithmetic(Interpreter& in, const std::string& op, const Value& a, const V
   if (op == "*") return Value(x * y);
   if (op == "**") return Value(std::pow(x, y));
   if (y == 0) ThrowRuntime("float division by zero");
-  double q = std::floor(x / y);
-  return Value(op == "//" ? q : x - q * y);
+  // CPython's float divmod: the remainder from fmod, the quotient rounded from (x - mod) / y.
+  double mod = std::fmod(x, y);
+  double div = (x - mod) / y;
+  if (mod != 0) {
+    if ((y < 0) != (mod < 0)) {
+      mod += y;
+      div -= 1.0;
+    }
+  } else {
+    mod = std::copysign(0.0, y);
+  }
+  double floordiv = 0;
+  if (div != 0) {
+    floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+  } else {
+    floordiv = std::copysign(0.0, x / y);
+  }
+  return Value(op == "//" ? floordiv : mod);
 }
 
 Value Repeat(Interpreter& in, const Value& seq, int64_t n) {
   if (n < 0) n = 0;
+  const size_t times = static_cast<size_t>(n);
   if (seq.is_string()) {
-    in.CheckSize(seq.as_string().size() * static_cast<size_t>(n));
+    const std::string& s = seq.as_string();
+    in.CheckSize(s.empty() ? 0 : ScaledSize(s.size(), times));
     std::string out;
-    for (int64_t i = 0; i < n; ++i) out += seq.as_string();
-    return Value(std::move(out));
+    out.reserve(s.empty() ? 0 : s.size() * times);
+    for (size_t i = 0; i < times && !s.empty(); ++i) out += s;
+    return StrLike(seq, std::move(out));
   }
-  in.CheckSize(0, seq.as_list().size() * static_cast<size_t>(n));
+  const List& l = seq.as_list();
+  in.CheckSize(0, l.empty() ? 0 : ScaledSize(l.size(), times));
   List out;
-  for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
-  return Value(std::move(out));
+  for (size_t i = 0; i < times && !l.empty(); ++i) out.insert(out.end(), l.begin(), l.end());
+  return seq.is_tuple() ? Value::Tuple(std::move(out)) : Value(std::move(out));
 }
 
-bool Contains(const Value& container, const Value& item) {
+bool Contains(Interpreter& in, const Value& container, const Value& item) {
   if (container.is_string()) {
     if (!item.is_string()) {
       ThrowRuntime("'in <string>' requires string as left operand, not " + item.TypeName());
     }
-    return container.as_string().find(item.as_string()) != std::string::npos;
+    return FindText(container.as_string(), item.as_string()) != std::string::npos;
   }
-  if (container.is_dict() || container.is_namespace()) {
+  if (container.is_dict()) {
+    if ((item.is_list() && !item.is_tuple()) || item.is_dict()) {
+      ThrowRuntime("unhashable type: '" + item.TypeName() + "'");
+    }
     return item.is_string() && container.Find(item.as_string()) != nullptr;
   }
   if (container.is_list()) {
     for (const Value& v : container.as_list()) {
+      in.Charge(Interpreter::kItemCost + std::min(v.weight(), item.weight()));
       if (v.Equals(item)) return true;
     }
     return false;
   }
   if (container.is_undefined()) return false;
   ThrowRuntime("argument of type '" + container.TypeName() + "' is not iterable");
+}
+
+// The code points `picked` (b, b + st, ...) of s, which has n code points.
+std::string SliceString(const std::string& s, int64_t n, int64_t b,
+                        const std::vector<int64_t>& picked, int64_t st) {
+  std::string out;
+  if (st == 1) {
+    if (picked.empty()) return out;
+    size_t from = CodePointOffset(s, static_cast<size_t>(b));
+    return s.substr(from, CodePointOffset(s, picked.size(), from) - from);
+  }
+  std::vector<uint32_t> starts;  // code point offsets (strings are far below 4 GiB)
+  starts.reserve(static_cast<size_t>(n) + 1);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xc0) != 0x80)
+      starts.push_back(static_cast<uint32_t>(i));
+  }
+  starts.push_back(static_cast<uint32_t>(s.size()));
+  for (int64_t i : picked) out.append(s, starts[i], starts[i + 1] - starts[i]);
+  return out;
 }
 
 }  // namespace
@@ -138,61 +185,62 @@ Value GetItem(const Value& obj, const Value& key) {
       if (i < 0) i += n;
       if (i >= 0 && i < n) return obj.as_list()[i];
     } else {
-      auto cps = SplitCodePoints(obj.as_string());
-      int64_t n = static_cast<int64_t>(cps.size());
-      if (i < 0) i += n;
-      if (i >= 0 && i < n) return Value(std::string(cps[i]));
+      const std::string& s = obj.as_string();
+      if (i < 0) i += static_cast<int64_t>(CodePointCount(s));
+      if (size_t b = i >= 0 ? CodePointOffset(s, static_cast<size_t>(i)) : s.size(); b < s.size()) {
+        return StrLike(obj, s.substr(b, CodePointOffset(s, 1, b) - b));
+      }
     }
     return Value(Undefined{obj.TypeName() + " index out of range"});
   }
   return Value(Undefined{"'" + obj.TypeName() + " object' has no item " + key.Repr()});
 }
 
-Value Slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
+Value Slice(const Value& obj, const Value& start, const Value& stop, const Value& step,
+            bool lenient) {
   if (obj.is_undefined()) ThrowUndefined(obj);
-  auto get = [](const Value& v, int64_t def) {
-    if (v.is_none() || v.is_undefined()) return def;
-    if (!IsIntLike(v)) ThrowRuntime("slice indices must be integers or None");
-    return AsIntLike(v);
+  bool bad = false;
+  auto get = [&](const Value& v, int64_t def) {
+    if (v.is_none()) return def;
+    if (!IsIntLike(v)) bad = true;
+    return IsIntLike(v) ? AsIntLike(v) : def;
   };
   int64_t st = get(step, 1);
-  if (st == 0) ThrowRuntime("slice step cannot be zero");
-  std::vector<std::string_view> cps;
-  int64_t n;
-  if (obj.is_string()) {
-    cps = SplitCodePoints(obj.as_string());
-    n = static_cast<int64_t>(cps.size());
-  } else if (obj.is_list()) {
-    n = static_cast<int64_t>(obj.as_list().size());
-  } else {
-    ThrowRuntime("'" + obj.TypeName() + "' object is not subscriptable");
+  get(start, 0);
+  get(stop, 0);
+  if (bad || !(obj.is_string() || obj.is_list())) {
+    if (lenient) return Value(Undefined{"'" + obj.TypeName() + " object' cannot be sliced"});
+    ThrowRuntime(bad ? "slice indices must be integers or None"
+                     : "'" + obj.TypeName() + "' object is not subscriptable");
   }
-  auto clamp = [&](int64_t i, bool is_start) {
+  if (st == 0) ThrowRuntime("slice step cannot be zero");
+  const int64_t n = static_cast<int64_t>(obj.is_string() ? CodePointCount(obj.as_string())
+                                                         : obj.as_list().size());
+  auto clamp = [&](int64_t i) {
     if (i < 0) i += n;
     if (st > 0) return std::clamp<int64_t>(i, 0, n);
     return std::clamp<int64_t>(i, -1, n - 1);
   };
-  int64_t b =
-      start.is_none() || start.is_undefined() ? (st > 0 ? 0 : n - 1) : clamp(get(start, 0), true);
-  int64_t e =
-      stop.is_none() || stop.is_undefined() ? (st > 0 ? n : -1) : clamp(get(stop, 0), false);
-  std::vector<int64_t> idx;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) idx.push_back(i);
-  if (obj.is_string()) {
-    std::string out;
-    for (int64_t i : idx) out.append(cps[i]);
-    return Value(std::move(out));
+  int64_t b = start.is_none() ? (st > 0 ? 0 : n - 1) : clamp(get(start, 0));
+  int64_t e = stop.is_none() ? (st > 0 ? n : -1) : clamp(get(stop, 0));
+  std::vector<int64_t> picked;
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
+    picked.push_back(i);
+    if (__builtin_add_overflow(i, st, &i)) break;
   }
+  if (obj.is_string()) return StrLike(obj, SliceString(obj.as_string(), n, b, picked, st));
   List out;
-  for (int64_t i : idx) out.push_back(obj.as_list()[i]);
-  return Value(std::move(out));
+  for (int64_t i : picked) out.push_back(obj.as_list()[i]);
+  return obj.is_tuple() ? Value::Tuple(std::move(out)) : Value(std::move(out));
 }
 
 Value BinaryOp(Interpreter& in, const std::string& op, const Value& a, const Value& b) {
-  if (op == "==") return Value(a.Equals(b));
-  if (op == "!=") return Value(!a.Equals(b));
-  if (op == "in") return Value(Contains(b, a));
-  if (op == "notin") return Value(!Contains(b, a));
+  if (op == "==" || op == "!=") {
+    in.Charge(std::min(a.weight(), b.weight()));
+    return Value(a.Equals(b) == (op == "=="));
+  }
+  if (op == "in") return Value(Contains(in, b, a));
+  if (op == "notin") return Value(!Contains(in, b, a));
   if (op == "~") {
     std::string s = a.Str() + b.Str();
     in.CheckSize(s.size());
@@ -202,17 +250,27 @@ Value BinaryOp(Interpreter& in, const std::string& op, const Value& a, const Val
     int c = Compare(a, b, op);
     return Value(op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0);
   }
+  if (op == "%" && a.is_string()) return PercentFormat(in, a, b);  // str % Undefined is fine
   if (a.is_undefined()) ThrowUndefined(a);
   if (b.is_undefined()) ThrowUndefined(b);
   if (op == "+" && a.is_string() && b.is_string()) {
+    if (a.is_markup() || b.is_markup()) {  // Markup.__add__ / __radd__ escape the plain side
+      std::string s = Escape(a).as_string() + Escape(b).as_string();
+      in.CheckSize(s.size());
+      return Value::Markup(std::move(s));
+    }
     in.CheckSize(a.as_string().size() + b.as_string().size());
     return Value(a.as_string() + b.as_string());
   }
   if (op == "+" && a.is_list() && b.is_list()) {
-    in.CheckSize(0, a.as_list().size() + b.as_list().size());
+    if (a.is_tuple() != b.is_tuple()) {
+      ThrowRuntime("can only concatenate " + a.TypeName() + " (not \"" + b.TypeName() + "\") to " +
+                   a.TypeName());
+    }
+    in.CheckSize(0, a.as_list().size() + b.as_list().size());  // each at most kMaxItems
     List out = a.as_list();
     out.insert(out.end(), b.as_list().begin(), b.as_list().end());
-    return Value(std::move(out));
+    return a.is_tuple() ? Value::Tuple(std::move(out)) : Value(std::move(out));
   }
   if (op == "+" && (a.is_string() || b.is_string())) {
     const Value& other = a.is_string() ? b : a;

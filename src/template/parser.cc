@@ -226,10 +226,7 @@ class Parser {
     s->type = Stmt::Type::kSetBlock;
     if (IsOp("|")) s->expr = ParseFilters(nullptr);
     ExpectBlockEnd();
-    int saved = loop_depth_;
-    loop_depth_ = 0;
-    s->body = Subparse({"endset"});
-    loop_depth_ = saved;
+    s->body = Subparse({"endset"});  // break/continue inside act on the enclosing loop
     Next();
     ExpectBlockEnd();
     return s;
@@ -255,7 +252,13 @@ class Parser {
     ExpectBlockEnd();
     int saved = loop_depth_;
     loop_depth_ = 0;
+    std::set<std::string> names;
+    macro_names_.push_back(&names);
     s->body = Subparse({"endmacro"});
+    macro_names_.pop_back();
+    s->uses_caller = names.count("caller") > 0;
+    s->uses_varargs = names.count("varargs") > 0;
+    s->uses_kwargs = names.count("kwargs") > 0;
     loop_depth_ = saved;
     Next();
     if (Cur().kind == TokenKind::kName) Next();  // {% endmacro name %}
@@ -408,6 +411,7 @@ class Parser {
   size_t pos_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  std::vector<std::set<std::string>*> macro_names_;  // names read in the macros being parsed
 
   friend struct DepthGuard;
 };
@@ -427,6 +431,7 @@ ExprPtr Parser::ParsePrimary() {
       } else {
         e->type = Expr::Type::kName;
         e->name = n;
+        for (std::set<std::string>* names : macro_names_) names->insert(n);
       }
       return e;
     }

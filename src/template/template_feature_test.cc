@@ -1,6 +1,7 @@
-// Language features, one small template each (tests/data/templates/snippets.json), rendered by
-// this interpreter and by Python jinja2 (render_snippets.py, HF's environment): same bytes, or
-// both fail - with the same message when the template raised it.
+// Language features, one small template each (tests/data/templates/snippets.json), and the
+// minimized divergences the differential fuzzer found (fuzz_cases.json), rendered by this
+// interpreter and by Python jinja2 (render_snippets.py, HF's environment): same bytes, or both
+// fail - with the same message when the template raised it.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -15,9 +16,8 @@ namespace {
 using nlohmann::ordered_json;
 using testutil::kDataDir;
 
-TEST(ChatTemplateFeatureTest, SnippetsMatchJinja2) {
-  if (!testutil::ReferenceAvailable()) GTEST_SKIP() << "python3-jinja2 is not installed";
-  const std::string spec_path = (kDataDir / "snippets.json").string();
+void ExpectSpecMatchesJinja2(const std::string& file) {
+  const std::string spec_path = (kDataDir / file).string();
   auto [out, status] =
       testutil::Run(std::string(MESHNET_PYTHON) + " '" +
                     (kDataDir / "render_snippets.py").string() + "' '" + spec_path + "'");
@@ -65,7 +65,17 @@ TEST(ChatTemplateFeatureTest, SnippetsMatchJinja2) {
     matched += !raised || "TemplateError: " + std::string(got.error().what()) == error;
   }
   EXPECT_EQ(matched, total);
-  std::printf("snippets matched %d/%d\n", matched, total);
+  std::printf("%s: matched %d/%d\n", file.c_str(), matched, total);
+}
+
+TEST(ChatTemplateFeatureTest, SnippetsMatchJinja2) {
+  if (!testutil::ReferenceAvailable()) GTEST_SKIP() << "python3-jinja2 is not installed";
+  ExpectSpecMatchesJinja2("snippets.json");
+}
+
+TEST(ChatTemplateFeatureTest, FuzzerRegressionCasesMatchJinja2) {
+  if (!testutil::ReferenceAvailable()) GTEST_SKIP() << "python3-jinja2 is not installed";
+  ExpectSpecMatchesJinja2("fuzz_cases.json");
 }
 
 }  // namespace

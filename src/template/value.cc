@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <type_traits>
 
 namespace meshnet::jinja {
 
@@ -13,14 +14,26 @@ void ThrowRuntime(const std::string& message) {
 
 namespace {
 
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
 template <typename Items, typename Get>
-void MeasureNesting(const Items& items, Get get, uint16_t* depth, bool* holds_ns) {
+void MeasureNesting(const Items& items, Get get, uint16_t* depth, bool* holds_ns,
+                    uint64_t* weight) {
+  if (items.size() > Value::kMaxItems) {
+    ThrowRuntime("template list exceeds " + std::to_string(Value::kMaxItems) + " items");
+  }
   int max_child = 0;
+  uint64_t w = 1;
   for (const auto& item : items) {
     const Value& v = get(item);
     max_child = std::max<int>(max_child, v.nesting_depth());
     *holds_ns = *holds_ns || v.holds_namespace();
+    w = SaturatingAdd(w, v.weight());
+    if constexpr (!std::is_same_v<std::decay_t<decltype(item)>, Value>) {
+      w = SaturatingAdd(w, item.first.size());
+    }
   }
+  *weight = w;
   if (max_child + 1 > Value::kMaxValueDepth) {
     ThrowRuntime("value nested deeper than " + std::to_string(Value::kMaxValueDepth) + " levels");
   }
@@ -31,13 +44,13 @@ void MeasureNesting(const Items& items, Get get, uint16_t* depth, bool* holds_ns
 
 Value::Value(List l) {
   MeasureNesting(
-      l, [](const Value& v) -> const Value& { return v; }, &depth_, &holds_ns_);
+      l, [](const Value& v) -> const Value& { return v; }, &depth_, &holds_ns_, &weight_);
   v_ = std::make_shared<const List>(std::move(l));
 }
 
 Value::Value(Dict d) {
   MeasureNesting(
-      d, [](const auto& kv) -> const Value& { return kv.second; }, &depth_, &holds_ns_);
+      d, [](const auto& kv) -> const Value& { return kv.second; }, &depth_, &holds_ns_, &weight_);
   v_ = std::make_shared<const Dict>(std::move(d));
 }
 
@@ -80,6 +93,18 @@ Value Value::FromJson(const nlohmann::ordered_json& j, int depth) {
   ThrowRuntime("binary JSON values are not supported in templates");
 }
 
+uint64_t Value::weight() const {
+  if (is_string()) return std::max<uint64_t>(as_string().size(), 1);
+  return is_list() || is_dict() ? weight_ : 1;
+}
+
+uint64_t Value::width() const {
+  if (is_string()) return std::max<uint64_t>(as_string().size(), 1);
+  if (is_list()) return std::max<uint64_t>(as_list().size(), 1);
+  if (is_dict()) return std::max<uint64_t>(as_dict().size(), 1);
+  return 1;
+}
+
 double Value::as_number() const {
   if (is_int()) return static_cast<double>(as_int());
   if (is_float()) return as_float();
@@ -112,6 +137,13 @@ bool Value::Truthy() const {
 }
 
 namespace {
+
+void CheckPrintSize(const std::string& out) {
+  if (out.size() > Value::kMaxPrintBytes) {
+    ThrowRuntime("value too large to print (more than " + std::to_string(Value::kMaxPrintBytes) +
+                 " bytes)");
+  }
+}
 
 std::string ReprString(const std::string& s) {
   bool has_single = s.find('\'') != std::string::npos;
@@ -149,6 +181,7 @@ std::string ReprDict(const Dict& d) {
     if (!first) out += ", ";
     first = false;
     out += ReprString(k) + ": " + v.Repr();
+    CheckPrintSize(out);
   }
   return out + "}";
 }
@@ -179,7 +212,7 @@ std::string Value::Repr() const {
     case Kind::kFloat:
       return FormatFloat(as_float());
     case Kind::kString:
-      return ReprString(as_string());
+      return markup_ ? "Markup(" + ReprString(as_string()) + ")" : ReprString(as_string());
     case Kind::kList: {
       std::string out = tuple_ ? "(" : "[";
       bool first = true;
@@ -187,6 +220,7 @@ std::string Value::Repr() const {
         if (!first) out += ", ";
         first = false;
         out += v.Repr();
+        CheckPrintSize(out);
       }
       if (tuple_) return out + (as_list().size() == 1 ? ",)" : ")");
       return out + "]";
@@ -265,6 +299,10 @@ List Value::Iterate() const {
       return keys;
     }
     case Kind::kString: {
+      if (CodePointCount(as_string()) > kMaxItems) {
+        ThrowRuntime("template string too long to iterate (more than " + std::to_string(kMaxItems) +
+                     " characters)");
+      }
       List chars;
       for (std::string_view c : SplitCodePoints(as_string())) chars.emplace_back(std::string(c));
       return chars;
@@ -277,6 +315,8 @@ List Value::Iterate() const {
 std::string Value::TypeName() const {
   static const char* const kNames[] = {"Undefined", "NoneType", "bool", "int",      "float",
                                        "str",       "list",     "dict", "function", "Namespace"};
+  if (markup_) return "Markup";
+  if (tuple_) return "tuple";
   return kNames[v_.index()];
 }
 
@@ -341,6 +381,18 @@ size_t CodePointCount(std::string_view s) {
   return n;
 }
 
+size_t CodePointOffset(std::string_view s, size_t n, size_t from) {
+  size_t i = from;
+  while (i < s.size()) {
+    if ((static_cast<unsigned char>(s[i]) & 0xc0) != 0x80) {
+      if (n == 0) return i;
+      --n;
+    }
+    ++i;
+  }
+  return s.size();
+}
+
 namespace {
 
 bool IsPyWhitespace(uint32_t cp) {
@@ -379,6 +431,25 @@ size_t WhitespaceBefore(std::string_view s, size_t end) {
   if (b == end) return 0;
   size_t len = WhitespaceAt(s, b);
   return len == end - b ? len : 0;
+}
+
+// Knuth-Morris-Pratt for long needles: written here because the standard searchers
+// (std::string::find, boyer_moore_horspool_searcher) are quadratic in the worst case.
+size_t FindText(std::string_view hay, std::string_view needle, size_t pos) {
+  if (pos > hay.size()) return std::string_view::npos;
+  if (needle.size() <= 8) return hay.find(needle, pos);
+  std::vector<uint32_t> fail(needle.size(), 0);
+  for (size_t i = 1, k = 0; i < needle.size(); ++i) {
+    while (k > 0 && needle[i] != needle[k]) k = fail[k - 1];
+    if (needle[i] == needle[k]) ++k;
+    fail[i] = static_cast<uint32_t>(k);
+  }
+  for (size_t i = pos, k = 0; i < hay.size(); ++i) {
+    while (k > 0 && hay[i] != needle[k]) k = fail[k - 1];
+    if (hay[i] == needle[k]) ++k;
+    if (k == needle.size()) return i + 1 - k;
+  }
+  return std::string_view::npos;
 }
 
 std::string PyStrip(std::string_view s, const std::string* chars, bool left, bool right) {

@@ -55,8 +55,9 @@ class Value {
   Value(int i) : v_(static_cast<int64_t>(i)) {}  // NOLINT
   Value(int64_t i) : v_(i) {}                    // NOLINT
   Value(double d) : v_(d) {}                     // NOLINT
-  Value(std::string s) : v_(std::move(s)) {}     // NOLINT
-  Value(const char* s) : v_(std::string(s)) {}   // NOLINT
+  // Strings are shared: copying a Value never copies its text.
+  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}  // NOLINT
+  Value(const char* s) : Value(std::string(s)) {}                                  // NOLINT
   // Containers record their nesting depth and whether they hold a namespace: values deeper
   // than kMaxValueDepth are refused (recursive printing/destruction stays bounded), and a
   // namespace may not hold a namespace or a function (no reference cycles, and a call block's
@@ -67,11 +68,23 @@ class Value {
   Value(std::shared_ptr<Namespace> n) : v_(std::move(n)), holds_ns_(true) {}       // NOLINT
 
   static constexpr int kMaxValueDepth = 256;
+  // The most items a list, a dict or an iteration may hold.
+  static constexpr size_t kMaxItems = size_t{1} << 20;
+  // Repr and Str refuse to print more than this many bytes (the interpreter's output limit,
+  // usually smaller, applies after).
+  static constexpr size_t kMaxPrintBytes = size_t{32} << 20;
   static Value FromJson(const nlohmann::ordered_json& j, int depth = 0);
   // A Python tuple: a list that prints as (a, b).
   static Value Tuple(List l) {
     Value v(std::move(l));
     v.tuple_ = true;
+    return v;
+  }
+  // A markupsafe.Markup string (`|safe`, `|e`): a str whose + * % join and format HTML-escape
+  // the plain strings they combine it with (see markup.h).
+  static Value Markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
     return v;
   }
 
@@ -87,14 +100,22 @@ class Value {
   bool is_dict() const { return kind() == Kind::kDict; }
   bool is_callable() const { return kind() == Kind::kCall; }
   bool is_namespace() const { return kind() == Kind::kNs; }
+  bool is_markup() const { return markup_; }
+  bool is_tuple() const { return tuple_; }
   bool holds_namespace() const { return holds_ns_; }
   int nesting_depth() const { return depth_; }
+  // The size of the value as a tree: a string's bytes, 1 for a scalar, 1 plus the weights of
+  // a container's items (and a dict's key bytes), saturating; a list holding one list a million
+  // times weighs what printing or comparing it would cost, not what it occupies.
+  uint64_t weight() const;
+  // The items of a list or dict, the bytes of a string, else 1: what one pass over it costs.
+  uint64_t width() const;
 
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const { return std::get<int64_t>(v_); }
   double as_float() const { return std::get<double>(v_); }
   double as_number() const;  // int, float or bool as double
-  const std::string& as_string() const { return std::get<std::string>(v_); }
+  const std::string& as_string() const { return *std::get<5>(v_); }
   const List& as_list() const { return *std::get<6>(v_); }
   const Dict& as_dict() const { return *std::get<7>(v_); }
   const Callable& as_callable() const { return *std::get<8>(v_); }
@@ -106,23 +127,26 @@ class Value {
   std::string Str() const;
   // Python repr(), used for items inside lists and dicts.
   std::string Repr() const;
-  // Python ==, deep, with 1 == 1.0 == True.
+  // Python ==, deep, with 1 == 1.0 == True. Costs at most min(weight(), other.weight()).
   bool Equals(const Value& other) const;
   // Dict/namespace lookup; nullptr when absent.
   const Value* Find(std::string_view key) const;
-  // The items of an iterable (list, dict keys, string characters); throws for others.
+  // The items of an iterable (list, dict keys, string characters; undefined has none); throws
+  // for others and for more than kMaxItems.
   List Iterate() const;
   // A type name as Python's error messages spell it ("str", "dict", ...).
   std::string TypeName() const;
 
  private:
-  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<const List>,
-               std::shared_ptr<const Dict>, std::shared_ptr<const Callable>,
-               std::shared_ptr<Namespace>>
+  std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>,
+               std::shared_ptr<const List>, std::shared_ptr<const Dict>,
+               std::shared_ptr<const Callable>, std::shared_ptr<Namespace>>
       v_;
-  bool tuple_ = false;
+  bool tuple_ = false;   // a list that is a Python tuple (prints as (a, b))
+  bool markup_ = false;  // a string that is a Markup
   bool holds_ns_ = false;
-  uint16_t depth_ = 0;  // a list that is a Python tuple (prints as (a, b))
+  uint16_t depth_ = 0;
+  uint64_t weight_ = 1;  // containers; strings and scalars compute theirs
 };
 
 struct CallArgs {
@@ -140,17 +164,24 @@ struct JsonDumpOptions {
   int indent = -1;  // -1: None (single line)
   std::optional<std::pair<std::string, std::string>> separators;
   bool sort_keys = false;
+  size_t max_bytes = SIZE_MAX;  // a longer result is refused as it grows
 };
 std::string ToJson(const Value& v, const JsonDumpOptions& opts);
 
 // UTF-8 helpers: Python indexes strings by code point.
 std::vector<std::string_view> SplitCodePoints(std::string_view s);
 size_t CodePointCount(std::string_view s);
+// The byte offset of the code point `n` code points after the one at byte `from` (s.size()
+// when there are fewer), counting as CodePointCount does.
+size_t CodePointOffset(std::string_view s, size_t n, size_t from = 0);
 // Byte length of the Python whitespace character (str.isspace(): ASCII whitespace, U+001C-001F,
 // U+0085, U+00A0, U+1680, U+2000-200A, U+2028/9, U+202F, U+205F, U+3000) starting at s[i] /
 // ending at s[end-1]; 0 if there is none.
 size_t WhitespaceAt(std::string_view s, size_t i);
 size_t WhitespaceBefore(std::string_view s, size_t end);
+// The first occurrence of `needle` in `hay` at or after `pos` (npos if none), in time linear in
+// their sizes (std::string::find is quadratic on inputs such as "aaa...ab").
+size_t FindText(std::string_view hay, std::string_view needle, size_t pos = 0);
 // Python's str.strip/lstrip/rstrip: with `chars` null, Unicode whitespace; else those code points.
 std::string PyStrip(std::string_view s, const std::string* chars, bool left, bool right);
 

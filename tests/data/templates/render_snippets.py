@@ -6,6 +6,7 @@ jinja2 set up as Hugging Face does), one JSON line per snippet: {"name", "prompt
 
   render_snippets.py snippets.json
 """
+import copy
 import json
 import os
 import sys
@@ -18,8 +19,10 @@ def main():
     spec = json.load(open(sys.argv[1], encoding="utf-8"))
     env = render.environment()
     for s in spec["snippets"]:
-        variables = dict(spec["vars"])
-        variables.update(s.get("vars", {}))
+        # A fresh copy per snippet: jinja2 can change a variable in place even in its immutable
+        # sandbox (`x|indent` on a list x runs `x += "\n"`, extending it before it fails).
+        variables = copy.deepcopy(spec["vars"])
+        variables.update(copy.deepcopy(s.get("vars", {})))
         try:
             out = {"name": s["name"], "prompt": env.from_string(s["template"]).render(**variables)}
         except Exception as e:

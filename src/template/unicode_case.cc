@@ -1,0 +1,191 @@
+#include "template/unicode_case.h"
+
+#include <unicode/stringoptions.h>
+#include <unicode/ucasemap.h>
+#include <unicode/uchar.h>
+#include <unicode/utf8.h>
+
+#include <memory>
+
+#include "template/value.h"
+
+namespace meshnet::jinja {
+namespace {
+
+bool IsAscii(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c >= 0x80) return false;
+  }
+  return true;
+}
+
+char AsciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+char AsciiUpper(char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c; }
+
+struct CaseMapCloser {
+  void operator()(UCaseMap* m) const { ucasemap_close(m); }
+};
+using CaseMap = std::unique_ptr<UCaseMap, CaseMapCloser>;
+
+CaseMap Open(uint32_t options) {
+  UErrorCode status = U_ZERO_ERROR;
+  CaseMap m(ucasemap_open("", options, &status));
+  if (U_FAILURE(status)) ThrowRuntime(std::string("ICU case map: ") + u_errorName(status));
+  return m;
+}
+
+// Runs an ICU UTF-8 case mapping, growing the buffer once if it was too small.
+template <typename Fn>
+std::string Map(std::string_view s, Fn fn) {
+  std::string out(s.size() + 16, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    UErrorCode status = U_ZERO_ERROR;
+    int32_t n = fn(out.data(), static_cast<int32_t>(out.size()), s.data(),
+                   static_cast<int32_t>(s.size()), &status);
+    if (status == U_BUFFER_OVERFLOW_ERROR) {
+      out.assign(static_cast<size_t>(n), '\0');
+      continue;
+    }
+    if (U_FAILURE(status)) ThrowRuntime(std::string("ICU case mapping: ") + u_errorName(status));
+    out.resize(static_cast<size_t>(n));
+    return out;
+  }
+  ThrowRuntime("ICU case mapping: the result did not fit");
+}
+
+const UCaseMap* Plain() {
+  static const CaseMap m = Open(0);
+  return m.get();
+}
+
+// Title case of the first character, the rest lowered (or kept, with NO_LOWERCASE); one per
+// thread because ucasemap_utf8ToTitle takes a mutable map.
+UCaseMap* Titler(bool lower_rest) {
+  uint32_t options = U_TITLECASE_WHOLE_STRING | U_TITLECASE_NO_BREAK_ADJUSTMENT |
+                     (lower_rest ? 0 : U_TITLECASE_NO_LOWERCASE);
+  thread_local CaseMap lowering = Open(options);
+  thread_local CaseMap keeping = Open(options);
+  return lower_rest ? lowering.get() : keeping.get();
+}
+
+std::string Title1(std::string_view cp) {
+  return Map(cp, [](char* d, int32_t cap, const char* src, int32_t n, UErrorCode* st) {
+    return ucasemap_utf8ToTitle(Titler(false), d, cap, src, n, st);
+  });
+}
+
+// The code point at s[i] (advancing i); ill-formed bytes decode as negative.
+UChar32 Next(std::string_view s, size_t& i) {
+  UChar32 c = 0;
+  int32_t pos = static_cast<int32_t>(i);
+  U8_NEXT(s.data(), pos, static_cast<int32_t>(s.size()), c);
+  i = static_cast<size_t>(pos);
+  return c;
+}
+
+bool Has(UChar32 c, UProperty p) { return c >= 0 && u_hasBinaryProperty(c, p); }
+bool IsTitle(UChar32 c) { return c >= 0 && u_charType(c) == U_TITLECASE_LETTER; }
+
+}  // namespace
+
+std::string PyLower(std::string_view s) {
+  if (IsAscii(s)) {
+    std::string out(s);
+    for (char& c : out) c = AsciiLower(c);
+    return out;
+  }
+  return Map(s, [](char* d, int32_t cap, const char* src, int32_t n, UErrorCode* st) {
+    return ucasemap_utf8ToLower(Plain(), d, cap, src, n, st);
+  });
+}
+
+std::string PyUpper(std::string_view s) {
+  if (IsAscii(s)) {
+    std::string out(s);
+    for (char& c : out) c = AsciiUpper(c);
+    return out;
+  }
+  return Map(s, [](char* d, int32_t cap, const char* src, int32_t n, UErrorCode* st) {
+    return ucasemap_utf8ToUpper(Plain(), d, cap, src, n, st);
+  });
+}
+
+std::string PyCapitalize(std::string_view s) {
+  if (IsAscii(s)) {
+    std::string out(s);
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = i == 0 ? AsciiUpper(out[i]) : AsciiLower(out[i]);
+    return out;
+  }
+  return Map(s, [](char* d, int32_t cap, const char* src, int32_t n, UErrorCode* st) {
+    return ucasemap_utf8ToTitle(Titler(true), d, cap, src, n, st);
+  });
+}
+
+std::string PyTitle(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  bool prev_cased = false;
+  for (size_t i = 0; i < s.size();) {
+    size_t b = i;
+    UChar32 c = Next(s, i);
+    std::string_view cp = s.substr(b, i - b);
+    if (c < 0x80 && c >= 0) {
+      char ch = static_cast<char>(c);
+      out += prev_cased ? AsciiLower(ch) : AsciiUpper(ch);
+    } else if (c < 0) {
+      out.append(cp);
+    } else {
+      out += prev_cased ? PyLower(cp) : Title1(cp);
+    }
+    prev_cased = Has(c, UCHAR_CASED);
+  }
+  return out;
+}
+
+std::string JinjaTitle(std::string_view s) {
+  auto separator = [&](size_t i) -> size_t {
+    char c = s[i];
+    if (c == '-' || c == '(' || c == '{' || c == '[' || c == '<') return 1;
+    return WhitespaceAt(s, i);
+  };
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t b = i;
+    while (i < s.size() && separator(i) > 0) i += separator(i);
+    if (i > b) {
+      out.append(s.substr(b, i - b));
+      continue;
+    }
+    while (i < s.size() && separator(i) == 0) Next(s, i);
+    std::string_view word = s.substr(b, i - b);
+    size_t first = 0;
+    Next(word, first);
+    out += PyUpper(word.substr(0, first)) + PyLower(word.substr(first));
+  }
+  return out;
+}
+
+bool PyIsLower(std::string_view s) {
+  bool cased = false;
+  for (size_t i = 0; i < s.size();) {
+    UChar32 c = Next(s, i);
+    if (Has(c, UCHAR_UPPERCASE) || IsTitle(c)) return false;
+    cased = cased || Has(c, UCHAR_LOWERCASE);
+  }
+  return cased;
+}
+
+bool PyIsUpper(std::string_view s) {
+  bool cased = false;
+  for (size_t i = 0; i < s.size();) {
+    UChar32 c = Next(s, i);
+    if (Has(c, UCHAR_LOWERCASE) || IsTitle(c)) return false;
+    cased = cased || Has(c, UCHAR_UPPERCASE);
+  }
+  return cased;
+}
+
+}  // namespace meshnet::jinja
