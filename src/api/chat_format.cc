@@ -26,8 +26,8 @@ ChatFormatter::ChatFormatter(ChatFormatter&&) noexcept = default;
 ChatFormatter& ChatFormatter::operator=(ChatFormatter&&) noexcept = default;
 
 std::string ChatFormatter::Render(const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt,
-                                  const nlohmann::ordered_json& tools) const {
+                                  bool add_generation_prompt, const nlohmann::ordered_json& tools,
+                                  const std::function<bool()>& cancelled) const {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const auto& m : messages) {
     nlohmann::ordered_json o;
@@ -42,6 +42,7 @@ std::string ChatFormatter::Render(const std::vector<ChatMessage>& messages,
   opts.bos_token = bos_token_;
   opts.eos_token = eos_token_;
   if (!tools.is_null()) opts.tools = tools;
+  opts.cancelled = cancelled;
   auto out = template_->Render(list, opts);
   if (!out.ok()) {
     throw ApiError(400,

@@ -8,6 +8,7 @@
 // run concurrently.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,9 +33,11 @@ class ChatFormatter {
   ChatFormatter& operator=(ChatFormatter&&) noexcept;
 
   // Throws ApiError(400) when the template refuses the messages (its
-  // raise_exception, e.g. roles that do not alternate).
+  // raise_exception, e.g. roles that do not alternate). `cancelled`, when
+  // set, is polled while rendering: true stops the render (an error).
   std::string Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                     const nlohmann::ordered_json& tools) const;
+                     const nlohmann::ordered_json& tools,
+                     const std::function<bool()>& cancelled = nullptr) const;
   // "chatml" or "jinja".
   const std::string& kind() const { return kind_; }
   const std::string& bos_token() const { return bos_token_; }

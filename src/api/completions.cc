@@ -190,7 +190,10 @@ void HandleCompletion(Engine& engine, const httplib::Request&, std::string body,
   // prompts are tokenized at once, and a queued request holds only its
   // parsed fields.
   auto slot = Admit(engine.admission());
-  PreparedGeneration gen = engine.Prepare(r);
+  http::Connection* client = http::CurrentConnection();
+  // A hang-up stops the template render and the generation.
+  const auto gone = [client] { return client != nullptr && client->ClientGone(); };
+  PreparedGeneration gen = engine.Prepare(r, gone);
   ResponseHead head;
   head.chat = chat;
   head.id = (chat ? "chatcmpl-" : "cmpl-") + node::RandomId128().substr(0, 24);
@@ -200,10 +203,8 @@ void HandleCompletion(Engine& engine, const httplib::Request&, std::string body,
   head.logprobs = r.logprobs >= 0;
   if (!r.stream) {
     // Nothing is written until the end: the hang-up is seen on the socket.
-    http::Connection* client = http::CurrentConnection();
     const GenerationOutcome o = engine.Run(
-        gen, arrival, [](const std::string&, std::span<const TokenLogprob>) { return true; },
-        [client] { return client != nullptr && client->ClientGone(); });
+        gen, arrival, [](const std::string&, std::span<const TokenLogprob>) { return true; }, gone);
     SetJson(res, FullResponse(head, o));
     return;
   }
@@ -276,7 +277,10 @@ void HandleApplyTemplate(Engine& engine, const httplib::Request&, std::string te
   }
   const std::vector<ChatMessage> messages = ParseMessages(*it);
   const auto slot = Admit(engine.text_admission(), "tokenize/apply-template");
-  SetJson(res, {{"prompt", engine.RenderChat(messages, add_generation_prompt, tools)}});
+  http::Connection* client = http::CurrentConnection();
+  SetJson(res, {{"prompt", engine.RenderChat(messages, add_generation_prompt, tools, [client] {
+                   return client != nullptr && client->ClientGone();
+                 })}});
 }
 
 }  // namespace meshnet::api

@@ -89,25 +89,28 @@ std::vector<int32_t> Engine::Tokenize(const std::string& text, bool add_special,
 
 ControlTextMask::Prompt Engine::RenderPrompt(const std::vector<ChatMessage>& messages,
                                              bool add_generation_prompt,
-                                             const nlohmann::ordered_json& tools) const {
+                                             const nlohmann::ordered_json& tools,
+                                             const std::function<bool()>& gone) const {
   if (options_.allow_control_in_content) {
-    return {formatter_.Render(messages, add_generation_prompt, tools), {}};
+    return {formatter_.Render(messages, add_generation_prompt, tools, gone), {}};
   }
   const ControlTextMask::Masked masked = control_mask_.Mask(messages, tools);
   return control_mask_.Unmask(
-      formatter_.Render(masked.messages, add_generation_prompt, masked.tools), masked);
+      formatter_.Render(masked.messages, add_generation_prompt, masked.tools, gone), masked);
 }
 
 std::string Engine::RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                               const nlohmann::ordered_json& tools) const {
-  return RenderPrompt(messages, add_generation_prompt, tools).text;
+                               const nlohmann::ordered_json& tools,
+                               const std::function<bool()>& gone) const {
+  return RenderPrompt(messages, add_generation_prompt, tools, gone).text;
 }
 
-PreparedGeneration Engine::Prepare(const CompletionRequest& r) const {
+PreparedGeneration Engine::Prepare(const CompletionRequest& r,
+                                   const std::function<bool()>& gone) const {
   CheckBeforeAdmission(r);
   PreparedGeneration g;
   if (r.chat) {
-    ControlTextMask::Prompt prompt = RenderPrompt(r.messages, true, r.tools);
+    ControlTextMask::Prompt prompt = RenderPrompt(r.messages, true, r.tools, gone);
     RefuseTextPastContext(prompt.text.size(), "messages");
     // A template that writes the BOS text itself gets the BOS token once (no
     // double BOS); without special-token parsing the text would not map to it.

@@ -87,8 +87,10 @@ class Engine {
 
   // Throws ApiError (400 or 404) for a request that cannot run. Renders and
   // tokenizes: run it holding an admission slot, so that at most
-  // max_concurrent prompts are tokenized at once.
-  PreparedGeneration Prepare(const CompletionRequest& request) const;
+  // max_concurrent prompts are tokenized at once. `gone`, if set, is polled
+  // while the chat template renders (the render then stops).
+  PreparedGeneration Prepare(const CompletionRequest& request,
+                             const std::function<bool()>& gone = {}) const;
   // The checks Prepare makes that cost nothing (the model name, a
   // completion prompt too long for the context whatever its tokens), to run
   // before admission.
@@ -111,7 +113,8 @@ class Engine {
                                 bool parse_special) const;
   // The rendered chat prompt (what /apply-template returns).
   std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                         const nlohmann::ordered_json& tools) const;
+                         const nlohmann::ordered_json& tools,
+                         const std::function<bool()>& gone = {}) const;
   // {"status":"ok","hops":[{name, start_layer, end_layer, live_sessions,
   // kv_bytes_free}...]}; throws ApiError(503) when no route is available.
   nlohmann::json Health();
@@ -127,7 +130,8 @@ class Engine {
   // sent (to be tokenized as text; none with allow_control_in_content).
   ControlTextMask::Prompt RenderPrompt(const std::vector<ChatMessage>& messages,
                                        bool add_generation_prompt,
-                                       const nlohmann::ordered_json& tools) const;
+                                       const nlohmann::ordered_json& tools,
+                                       const std::function<bool()>& gone) const;
   // context_length_exceeded when `bytes` of text cannot fit the context.
   void RefuseTextPastContext(size_t bytes, const char* param) const;
 

@@ -114,7 +114,7 @@ Value FilterMap(Interpreter& in, const Value& input, CallArgs& args) {
     in.Step();
     if (attr != nullptr) {
       Value v = Attribute(item, attr->Str());
-      out.push_back(v.is_undefined() && def ? *def : v);
+      out.push_back(v.is_undefined() && def && !def->is_none() ? *def : v);  // default=none: none
     } else {
       CallArgs copy = rest;
       out.push_back(ApplyFilter(in, filter, item, copy));

@@ -180,7 +180,7 @@ Value DictMethod(const Value& obj, const std::string& name, CallArgs& a, bool* f
   if (name == "get") {
     const Value* key = a.Get(0, "key");
     const Value* def = a.Get(1, "default");
-    if (key != nullptr && ((key->is_list() && !key->is_tuple()) || key->is_dict())) {
+    if (key != nullptr && !key->Hashable()) {
       ThrowRuntime("unhashable type: '" + key->TypeName() + "'");
     }
     const Value* hit = key && key->is_string() ? obj.Find(key->as_string()) : nullptr;

@@ -118,6 +118,7 @@ Value Repeat(Interpreter& in, const Value& seq, int64_t n) {
   const List& l = seq.as_list();
   in.CheckSize(0, l.empty() ? 0 : ScaledSize(l.size(), times));
   List out;
+  out.reserve(l.empty() ? 0 : l.size() * times);
   for (size_t i = 0; i < times && !l.empty(); ++i) out.insert(out.end(), l.begin(), l.end());
   return seq.is_tuple() ? Value::Tuple(std::move(out)) : Value(std::move(out));
 }
@@ -130,7 +131,7 @@ bool Contains(Interpreter& in, const Value& container, const Value& item) {
     return FindText(container.as_string(), item.as_string()) != std::string::npos;
   }
   if (container.is_dict()) {
-    if ((item.is_list() && !item.is_tuple()) || item.is_dict()) {
+    if (!item.Hashable()) {
       ThrowRuntime("unhashable type: '" + item.TypeName() + "'");
     }
     return item.is_string() && container.Find(item.as_string()) != nullptr;

@@ -86,6 +86,65 @@ UChar32 Next(std::string_view s, size_t& i) {
 bool Has(UChar32 c, UProperty p) { return c >= 0 && u_hasBinaryProperty(c, p); }
 bool IsTitle(UChar32 c) { return c >= 0 && u_charType(c) == U_TITLECASE_LETTER; }
 
+// Code points whose full case mapping is not their simple one (SpecialCasing.txt's
+// unconditional entries, as ranges that hold them all) and capital sigma, whose lower case
+// depends on its neighbours: these take ICU's string mapping, the rest a per-character one.
+bool SpecialCase(UChar32 c) {
+  return c == 0xdf || c == 0x130 || c == 0x149 || c == 0x1f0 || c == 0x390 || c == 0x3a3 ||
+         c == 0x3b0 || c == 0x587 || (c >= 0x1e96 && c <= 0x1e9e) || (c >= 0x1f50 && c <= 0x1fff) ||
+         (c >= 0xfb00 && c <= 0xfb17);
+}
+
+// Python's final sigma rule: a capital sigma lowers to final ς when a cased letter comes
+// before it and none after it (case-ignorable characters skipped both ways).
+bool FinalSigma(std::string_view s, size_t b, size_t e) {
+  auto cased_before = [&] {
+    for (int32_t i = static_cast<int32_t>(b); i > 0;) {
+      UChar32 c = 0;
+      U8_PREV(s.data(), 0, i, c);
+      if (!Has(c, UCHAR_CASE_IGNORABLE)) return Has(c, UCHAR_CASED);
+    }
+    return false;
+  };
+  auto cased_after = [&] {
+    for (size_t i = e; i < s.size();) {
+      UChar32 c = Next(s, i);
+      if (!Has(c, UCHAR_CASE_IGNORABLE)) return Has(c, UCHAR_CASED);
+    }
+    return false;
+  };
+  return cased_before() && !cased_after();
+}
+
+enum class Case { kLower, kUpper, kTitle };
+
+// Appends the full `to` case mapping of the code point c = s[b, e).
+void AppendMapped(std::string& out, std::string_view s, size_t b, size_t e, UChar32 c, Case to) {
+  if (c < 0) {
+    out.append(s.substr(b, e - b));
+    return;
+  }
+  if (c < 0x80) {
+    char ch = static_cast<char>(c);
+    out += to == Case::kLower ? AsciiLower(ch) : AsciiUpper(ch);
+    return;
+  }
+  if (c == 0x3a3 && to == Case::kLower) {
+    out += FinalSigma(s, b, e) ? "\xcf\x82" : "\xcf\x83";
+    return;
+  }
+  if (SpecialCase(c)) {
+    std::string_view cp = s.substr(b, e - b);
+    out += to == Case::kLower ? PyLower(cp) : to == Case::kUpper ? PyUpper(cp) : Title1(cp);
+    return;
+  }
+  UChar32 m = to == Case::kLower ? u_tolower(c) : to == Case::kUpper ? u_toupper(c) : u_totitle(c);
+  char buf[4];
+  int32_t n = 0;
+  U8_APPEND_UNSAFE(buf, n, m);
+  out.append(buf, static_cast<size_t>(n));
+}
+
 }  // namespace
 
 std::string PyLower(std::string_view s) {
@@ -129,15 +188,7 @@ std::string PyTitle(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     size_t b = i;
     UChar32 c = Next(s, i);
-    std::string_view cp = s.substr(b, i - b);
-    if (c < 0x80 && c >= 0) {
-      char ch = static_cast<char>(c);
-      out += prev_cased ? AsciiLower(ch) : AsciiUpper(ch);
-    } else if (c < 0) {
-      out.append(cp);
-    } else {
-      out += prev_cased ? PyLower(cp) : Title1(cp);
-    }
+    AppendMapped(out, s, b, i, c, prev_cased ? Case::kLower : Case::kTitle);
     prev_cased = Has(c, UCHAR_CASED);
   }
   return out;
@@ -160,10 +211,17 @@ std::string JinjaTitle(std::string_view s) {
       continue;
     }
     while (i < s.size() && separator(i) == 0) Next(s, i);
+    // item[0].upper() + item[1:].lower(): the rest is lowered as a string of its own.
     std::string_view word = s.substr(b, i - b);
-    size_t first = 0;
-    Next(word, first);
-    out += PyUpper(word.substr(0, first)) + PyLower(word.substr(first));
+    size_t k = 0;
+    UChar32 first = Next(word, k);
+    AppendMapped(out, word, 0, k, first, Case::kUpper);
+    std::string_view rest = word.substr(k);
+    for (size_t j = 0; j < rest.size();) {
+      size_t cb = j;
+      UChar32 c = Next(rest, j);
+      AppendMapped(out, rest, cb, j, c, Case::kLower);
+    }
   }
   return out;
 }

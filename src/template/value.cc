@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <type_traits>
+#include <unordered_set>
 
 namespace meshnet::jinja {
 
@@ -312,6 +313,16 @@ List Value::Iterate() const {
   }
 }
 
+bool Value::Hashable() const {
+  if (is_dict()) return false;
+  if (!is_list()) return true;
+  if (!tuple_) return false;
+  for (const Value& v : as_list()) {
+    if (!v.Hashable()) return false;
+  }
+  return true;
+}
+
 std::string Value::TypeName() const {
   static const char* const kNames[] = {"Undefined", "NoneType", "bool", "int",      "float",
                                        "str",       "list",     "dict", "function", "Namespace"};
@@ -453,14 +464,14 @@ size_t FindText(std::string_view hay, std::string_view needle, size_t pos) {
 }
 
 std::string PyStrip(std::string_view s, const std::string* chars, bool left, bool right) {
-  std::vector<std::string_view> set;
-  if (chars != nullptr) set = SplitCodePoints(*chars);
+  std::unordered_set<std::string_view> set;  // the code points to strip, looked up in O(1)
+  if (chars != nullptr) {
+    for (std::string_view c : SplitCodePoints(*chars)) set.insert(c);
+  }
   auto match_at = [&](size_t i) -> size_t {
     if (chars == nullptr) return WhitespaceAt(s, i);
-    for (std::string_view c : set) {
-      if (s.compare(i, c.size(), c) == 0) return c.size();
-    }
-    return 0;
+    size_t len = std::min(LeadLength(s[i]), s.size() - i);
+    return set.count(s.substr(i, len)) ? len : 0;
   };
   size_t b = 0, e = s.size();
   while (left && b < e) {

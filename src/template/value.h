@@ -134,6 +134,9 @@ class Value {
   // The items of an iterable (list, dict keys, string characters; undefined has none); throws
   // for others and for more than kMaxItems.
   List Iterate() const;
+  // Whether Python can hash it (a dict key, a set item): not a list or dict, nor a tuple
+  // holding one.
+  bool Hashable() const;
   // A type name as Python's error messages spell it ("str", "dict", ...).
   std::string TypeName() const;
 
