@@ -57,7 +57,7 @@ struct ChatTemplateOptions {
   int max_depth = 400;                      // nested calls / expressions / statements
   // Work: the bytes of the strings and the items of the lists an operation reads or builds,
   // the nodes a comparison may visit, n log n per sort. A render that spends more is stopped.
-  std::uint64_t max_work = std::uint64_t{1} << 31;
+  std::uint64_t max_work = std::uint64_t{1} << 30;
   // Polled while rendering (every 1024 steps and every MiB of work); when it returns true the
   // render stops with kUnavailable, e.g. because the client that asked for it is gone.
   std::function<bool()> cancelled;

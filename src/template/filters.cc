@@ -329,6 +329,12 @@ Value FilterLength(Interpreter&, const Value& v, CallArgs&) {
 }
 
 Value FilterFirstLast(const Value& v, bool first) {
+  if (v.is_string() && !v.as_string().empty()) {  // next(iter(s)): no list of characters
+    const std::string& s = v.as_string();
+    size_t b = first ? 0 : s.size() - 1;
+    while (!first && b > 0 && (static_cast<unsigned char>(s[b]) & 0xc0) == 0x80) --b;
+    return Value(s.substr(b, first ? CodePointOffset(s, 1) : std::string::npos));
+  }
   List items = v.Iterate();
   if (items.empty()) return Value(Undefined{"No first item, sequence was empty."});
   return first ? items.front() : items.back();
@@ -420,8 +426,9 @@ Value FilterTrim(Interpreter&, const Value& v, CallArgs& a) {
 }
 
 // soft_str(value) then a str method: a Markup stays one.
-Value SoftStrMap(const Value& v, std::string (*fn)(std::string_view)) {
+Value SoftStrMap(Interpreter& in, const Value& v, std::string (*fn)(std::string_view)) {
   Value str = SoftStr(v);
+  in.Charge(CaseMappingCost(str.as_string()));
   return StrLike(str, fn(str.as_string()));
 }
 
@@ -442,11 +449,18 @@ Value FilterDefault(Interpreter&, const Value& v, CallArgs& a) {
   return use_default ? (def ? *def : Value(std::string())) : v;
 }
 
-Value FilterReverse(Interpreter&, const Value& v, CallArgs&) {
+Value FilterReverse(Interpreter& in, const Value& v, CallArgs&) {
   if (v.is_string()) {  // value[::-1]: a Markup stays one
-    auto cps = SplitCodePoints(v.as_string());
+    const std::string& s = v.as_string();
+    in.Charge(s.size() * Interpreter::kItemCost);
     std::string out;
-    for (auto it = cps.rbegin(); it != cps.rend(); ++it) out.append(*it);
+    out.reserve(s.size());
+    for (size_t e = s.size(); e > 0;) {  // code point by code point from the end
+      size_t b = e - 1;
+      while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xc0) == 0x80 && e - b < 4) --b;
+      out.append(s, b, e - b);
+      e = b;
+    }
     return StrLike(v, std::move(out));
   }
   List items = v.Iterate();
@@ -493,11 +507,18 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"forceescape",
        [](Interpreter&, const Value& v, CallArgs&) { return Value::Markup(HtmlEscape(v.Str())); }},
       {"format", FilterFormat},
-      {"lower", [](Interpreter&, const Value& v, CallArgs&) { return SoftStrMap(v, PyLower); }},
-      {"upper", [](Interpreter&, const Value& v, CallArgs&) { return SoftStrMap(v, PyUpper); }},
-      {"title", [](Interpreter&, const Value& v, CallArgs&) { return Value(JinjaTitle(v.Str())); }},
+      {"lower",
+       [](Interpreter& in, const Value& v, CallArgs&) { return SoftStrMap(in, v, PyLower); }},
+      {"upper",
+       [](Interpreter& in, const Value& v, CallArgs&) { return SoftStrMap(in, v, PyUpper); }},
+      {"title",
+       [](Interpreter& in, const Value& v, CallArgs&) {
+         std::string s = v.Str();
+         in.Charge(CaseMappingCost(s));
+         return Value(JinjaTitle(s));
+       }},
       {"capitalize",
-       [](Interpreter&, const Value& v, CallArgs&) { return SoftStrMap(v, PyCapitalize); }},
+       [](Interpreter& in, const Value& v, CallArgs&) { return SoftStrMap(in, v, PyCapitalize); }},
       {"default", FilterDefault},
       {"first", [](Interpreter&, const Value& v, CallArgs&) { return FilterFirstLast(v, true); }},
       {"last", [](Interpreter&, const Value& v, CallArgs&) { return FilterFirstLast(v, false); }},

@@ -476,7 +476,7 @@ Value Interpreter::EvalNode(const Expr& e, Frame& frame) {
       Value obj = Eval(*e.args[0], frame);
       Charge(Cost(obj));
       auto part = [&](int i) { return e.args[i] ? Eval(*e.args[i], frame) : Value(None{}); };
-      return Slice(obj, part(1), part(2), part(3), folding_);
+      return Slice(*this, obj, part(1), part(2), part(3), folding_);
     }
     case Expr::Type::kCall:
       return EvalCall(e, frame);

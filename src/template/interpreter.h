@@ -98,8 +98,9 @@ Value GetAttr(const Value& obj, const std::string& name);
 Value GetItem(const Value& obj, const Value& key);
 // `lenient`: a slice that Python refuses with a TypeError (a float index, an object that is not
 // a sequence) gives undefined, as jinja2's environment.getitem does when it folds constants.
-Value Slice(const Value& obj, const Value& start, const Value& stop, const Value& step,
-            bool lenient = false);
+// Charges a step other than 1 per item picked.
+Value Slice(Interpreter& in, const Value& obj, const Value& start, const Value& stop,
+            const Value& step, bool lenient = false);
 // Binary operators with Python semantics (+ - * / // % ** ~ == != < <= > >= in notin).
 Value BinaryOp(Interpreter& in, const std::string& op, const Value& a, const Value& b);
 

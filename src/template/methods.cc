@@ -54,6 +54,7 @@ Value Split(Interpreter& in, const Value& str, CallArgs& a) {
     size_t hit = FindText(s, sep, pos);
     if (hit == std::string::npos) break;
     in.CheckSize(0, out.size() + 2);
+    in.Charge(Interpreter::kItemCost);
     out.push_back(StrLike(str, s.substr(pos, hit - pos)));
     pos = hit + sep.size();
   }
@@ -137,16 +138,20 @@ Value StringMethod(Interpreter& in, const Value& str, const std::string& name, C
     int64_t n = 0;
     for (size_t p = FindText(s, sub); p != std::string::npos;
          p = FindText(s, sub, p + sub.size())) {
+      in.Charge(Interpreter::kItemCost);
       ++n;
     }
     return Value(n);
   }
   if (name == "join") return Join(in, str, a);
   if (name == "splitlines") return SplitLines(in, str);
-  if (name == "title") return StrLike(str, PyTitle(s));
-  if (name == "upper") return StrLike(str, PyUpper(s));
-  if (name == "lower") return StrLike(str, PyLower(s));
-  if (name == "capitalize") return StrLike(str, PyCapitalize(s));
+  if (name == "title" || name == "upper" || name == "lower" || name == "capitalize") {
+    in.Charge(CaseMappingCost(s));
+    return StrLike(str, name == "title"   ? PyTitle(s)
+                        : name == "upper" ? PyUpper(s)
+                        : name == "lower" ? PyLower(s)
+                                          : PyCapitalize(s));
+  }
   if (name == "replace") {
     // Markup's methods escape their string arguments (markupsafe 2.1, Debian bookworm's).
     CallArgs copy = a;

@@ -147,23 +147,31 @@ bool Contains(Interpreter& in, const Value& container, const Value& item) {
   ThrowRuntime("argument of type '" + container.TypeName() + "' is not iterable");
 }
 
-// The code points `picked` (b, b + st, ...) of s, which has n code points.
-std::string SliceString(const std::string& s, int64_t n, int64_t b,
-                        const std::vector<int64_t>& picked, int64_t st) {
+// The `count` code points b, b + st, ... of s, which has n code points.
+std::string SliceString(const std::string& s, int64_t n, int64_t b, int64_t count, int64_t st) {
   std::string out;
+  if (count == 0) return out;
   if (st == 1) {
-    if (picked.empty()) return out;
     size_t from = CodePointOffset(s, static_cast<size_t>(b));
-    return s.substr(from, CodePointOffset(s, picked.size(), from) - from);
+    return s.substr(from, CodePointOffset(s, static_cast<size_t>(count), from) - from);
+  }
+  out.reserve(static_cast<size_t>(count));
+  if (static_cast<size_t>(n) == s.size()) {  // ASCII: a code point is a byte
+    for (int64_t k = 0; k < count; ++k) out += s[static_cast<size_t>(b + k * st)];
+    return out;
   }
   std::vector<uint32_t> starts;  // code point offsets (strings are far below 4 GiB)
   starts.reserve(static_cast<size_t>(n) + 1);
   for (size_t i = 0; i < s.size(); ++i) {
-    if ((static_cast<unsigned char>(s[i]) & 0xc0) != 0x80)
+    if ((static_cast<unsigned char>(s[i]) & 0xc0) != 0x80) {
       starts.push_back(static_cast<uint32_t>(i));
+    }
   }
   starts.push_back(static_cast<uint32_t>(s.size()));
-  for (int64_t i : picked) out.append(s, starts[i], starts[i + 1] - starts[i]);
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t i = b + k * st;
+    out.append(s, starts[i], starts[i + 1] - starts[i]);
+  }
   return out;
 }
 
@@ -197,8 +205,8 @@ Value GetItem(const Value& obj, const Value& key) {
   return Value(Undefined{"'" + obj.TypeName() + " object' has no item " + key.Repr()});
 }
 
-Value Slice(const Value& obj, const Value& start, const Value& stop, const Value& step,
-            bool lenient) {
+Value Slice(Interpreter& in, const Value& obj, const Value& start, const Value& stop,
+            const Value& step, bool lenient) {
   if (obj.is_undefined()) ThrowUndefined(obj);
   bool bad = false;
   auto get = [&](const Value& v, int64_t def) {
@@ -224,14 +232,15 @@ Value Slice(const Value& obj, const Value& start, const Value& stop, const Value
   };
   int64_t b = start.is_none() ? (st > 0 ? 0 : n - 1) : clamp(get(start, 0));
   int64_t e = stop.is_none() ? (st > 0 ? n : -1) : clamp(get(stop, 0));
-  std::vector<int64_t> picked;
-  for (int64_t i = b; st > 0 ? i < e : i > e;) {
-    picked.push_back(i);
-    if (__builtin_add_overflow(i, st, &i)) break;
-  }
-  if (obj.is_string()) return StrLike(obj, SliceString(obj.as_string(), n, b, picked, st));
+  // The number of picked indices, without stepping past INT64_MAX.
+  const __int128 span = st > 0 ? static_cast<__int128>(e) - b : static_cast<__int128>(b) - e;
+  const __int128 stride = st > 0 ? st : -static_cast<__int128>(st);
+  const int64_t count = span > 0 ? static_cast<int64_t>((span + stride - 1) / stride) : 0;
+  if (st != 1) in.Charge(static_cast<uint64_t>(count) * Interpreter::kItemCost);
+  if (obj.is_string()) return StrLike(obj, SliceString(obj.as_string(), n, b, count, st));
   List out;
-  for (int64_t i : picked) out.push_back(obj.as_list()[i]);
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) out.push_back(obj.as_list()[b + k * st]);
   return obj.is_tuple() ? Value::Tuple(std::move(out)) : Value(std::move(out));
 }
 

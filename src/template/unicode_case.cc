@@ -181,7 +181,19 @@ std::string PyCapitalize(std::string_view s) {
   });
 }
 
+uint64_t CaseMappingCost(std::string_view s) { return IsAscii(s) ? 0 : 8 * s.size(); }
+
 std::string PyTitle(std::string_view s) {
+  if (IsAscii(s)) {
+    std::string out(s);
+    bool prev_cased = false;
+    for (char& c : out) {
+      const bool cased = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+      c = prev_cased ? AsciiLower(c) : AsciiUpper(c);
+      prev_cased = cased;
+    }
+    return out;
+  }
   std::string out;
   out.reserve(s.size());
   bool prev_cased = false;
@@ -195,6 +207,18 @@ std::string PyTitle(std::string_view s) {
 }
 
 std::string JinjaTitle(std::string_view s) {
+  if (IsAscii(s)) {
+    // Separators: '-', '(', '{', '[', '<' and Python's ASCII whitespace (\t-\r, \x1c-\x20).
+    std::string out(s);
+    bool start = true;
+    for (char& c : out) {
+      const bool sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' ||
+                       (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= ' ');
+      if (!sep) c = start ? AsciiUpper(c) : AsciiLower(c);
+      start = sep;
+    }
+    return out;
+  }
   auto separator = [&](size_t i) -> size_t {
     char c = s[i];
     if (c == '-' || c == '(' || c == '{' || c == '[' || c == '<') return 1;

@@ -4,6 +4,7 @@
 // Thread-safety: every function may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -21,5 +22,8 @@ std::string JinjaTitle(std::string_view s);
 // str.islower / str.isupper: some cased character, and none of the other case (or title case).
 bool PyIsLower(std::string_view s);
 bool PyIsUpper(std::string_view s);
+// The work a case mapping of s costs beyond reading it (Interpreter::Charge units): ICU's
+// per-character path is about ten times a byte copy; ASCII text costs nothing more.
+uint64_t CaseMappingCost(std::string_view s);
 
 }  // namespace meshnet::jinja
