@@ -9,6 +9,7 @@
 // popped. Every merge adds at most two bigrams, so the heap sees O(n) pushes.
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -42,15 +43,14 @@ int Utf8SeqLen(unsigned char c) {
   return 1;
 }
 
-// Length of the character at text[pos]; an incomplete or broken sequence is
-// split into single bytes (each then falls back to a byte token).
+// Length of the SentencePiece symbol at text[pos], as llama.cpp splits text (its
+// unicode_len_utf8): the lead byte's high bits alone decide (0xC_/0xD_: 2, 0xE_: 3, 0xF_: 4,
+// anything else 1), cut at the end of the text, without checking continuation bytes - so a
+// broken sequence swallows the bytes after it, and the symbol falls back to byte tokens.
 size_t CharLen(std::string_view text, size_t pos) {
-  const int len = Utf8SeqLen(static_cast<unsigned char>(text[pos]));
-  if (pos + len > text.size()) return 1;
-  for (int i = 1; i < len; ++i) {
-    if ((static_cast<unsigned char>(text[pos + i]) & 0xC0) != 0x80) return 1;
-  }
-  return static_cast<size_t>(len);
+  static constexpr size_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  const size_t len = kLen[static_cast<unsigned char>(text[pos]) >> 4];
+  return std::min(len, text.size() - pos);
 }
 
 // The byte value of "<0xXX>", or -1.
@@ -144,6 +144,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     ids_.emplace(vocab_.tokens[i], id);
   }
   InitSpecial();
+  InitStrip();
   if (vocab_.kind == TokenizerKind::kBpe) InitBpe();
 }
 

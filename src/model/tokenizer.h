@@ -13,7 +13,9 @@
 // BPE, the text is cut at every occurrence of a user-defined token (always) and
 // of control and unknown tokens (only with parse_special), longest token text
 // first; the pieces between are encoded as text. So plain user text that spells
-// "<|im_start|>" never becomes the control token.
+// "<|im_start|>" never becomes the control token. A token that strips
+// (Vocabulary::strip, e.g. Phi-3's "<|end|>") also takes the whitespace next
+// to it: "<|user|>\n hi" is <|user|> then " hi".
 //
 // Public API for callers (CLI, API server):
 //   Tokenize(text, add_special, parse_special) -> ids  (llama_tokenize)
@@ -22,7 +24,9 @@
 //   chat_template(): tokenizer.chat_template from the GGUF ("" when absent)
 //
 // SentencePiece encode: the text gets the add_space_prefix treatment (a leading space, then
-// every ' ' becomes "▁" U+2581), is split into UTF-8 characters, and the
+// every ' ' becomes "▁" U+2581), is split into UTF-8 characters (sized by
+// their lead byte alone, as llama.cpp does: a broken sequence takes the bytes
+// after it, and falls back to byte tokens), and the
 // adjacent pair whose concatenation is a mergeable vocab token with the highest
 // score is merged until no pair merges (ties: the leftmost pair). A priority
 // queue keeps this O(n log n). Characters left outside the vocab fall back to
@@ -98,7 +102,19 @@ struct Vocabulary {
   bool add_eos = false;          // tokenizer.ggml.add_eos_token
   bool add_space_prefix = true;  // kSpm: tokenizer.ggml.add_space_prefix
   std::string chat_template = {};  // tokenizer.chat_template
+  // Per-token stripping (llama.cpp's LSTRIP / RSTRIP attributes, which GGUF files do not
+  // store): when a special token is cut out of the text, the ASCII whitespace right before
+  // it (kStripLeft) or right after it (kStripRight) goes with it. Empty: llama.cpp's rules
+  // by name (below) decide.
+  std::vector<uint8_t> strip = {};
+  // general.name, for llama.cpp's rules: a Phi-3 vocabulary (the lowercased name holds
+  // "phi-3" or "phi3") strips after every special token except <unk>, <s> and
+  // <|endoftext|>; jina-v2 pre-tokenizers strip before <mask>.
+  std::string model_name = {};
 };
+
+inline constexpr uint8_t kStripLeft = 1;
+inline constexpr uint8_t kStripRight = 2;
 
 class Tokenizer {
  public:
@@ -175,6 +191,7 @@ class Tokenizer {
   bool Mergeable(TokenId id) const;
   void CheckId(TokenId id) const;
   void InitSpecial();
+  void InitStrip();
   void InitBpe();
   // Cuts `text` at special tokens (no control token overlapping `literal`);
   // calls on_text(begin, end) for each text piece and on_token(id) for each

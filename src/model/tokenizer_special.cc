@@ -1,6 +1,7 @@
 // Special tokens (llama.cpp's rules), Tokenize/Encode, and reading a
 // tokenizer from a GGUF file with validation.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,6 +35,11 @@ constexpr std::string_view kEogTexts[] = {"<|eot_id|>",    "<|im_end|>",      "<
                                           "<|return|>",    "<|call|>",        "<end_of_turn>",
                                           "<|endoftext|>", "<|eom_id|>",      "<EOT>",
                                           "_<EOT>",        "<|end_of_text|>", "<end_of_utterance>"};
+
+// C's isspace in the "C" locale, as llama.cpp strips with.
+bool IsAsciiSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
 
 bool IsSpecialType(TokenType t) {
   return t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown;
@@ -83,6 +89,35 @@ void Tokenizer::InitSpecial() {
   });
 }
 
+void Tokenizer::InitStrip() {
+  const size_t n = vocab_.tokens.size();
+  if (!vocab_.strip.empty()) {
+    if (vocab_.strip.size() != n) {
+      throw Error(ErrorKind::kMalformedFile,
+                  "tokenizer: has " + std::to_string(vocab_.strip.size()) +
+                      " strip attributes for " + std::to_string(n) + " tokens");
+    }
+    return;
+  }
+  vocab_.strip.assign(n, 0);
+  auto set = [this](std::string_view text, uint8_t bit, bool on) {
+    if (const TokenId id = Find(text); id != kNoToken) {
+      vocab_.strip[id] = on ? (vocab_.strip[id] | bit) : (vocab_.strip[id] & ~bit);
+    }
+  };
+  std::string name = vocab_.model_name;
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string& pre = vocab_.pre;
+  if (pre.find("jina-v2-de") != std::string::npos || pre.find("jina-v2-es") != std::string::npos ||
+      pre.find("jina-v2-code") != std::string::npos) {
+    set("<mask>", kStripLeft, true);
+  } else if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    for (TokenId id : special_ids_) vocab_.strip[id] |= kStripRight;
+    set("</s>", kStripRight, true);
+    for (std::string_view t : {"<unk>", "<s>", "<|endoftext|>"}) set(t, kStripRight, false);
+  }
+}
+
 bool Tokenizer::IsEog(TokenId id) const {
   return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
 }
@@ -121,15 +156,22 @@ void Tokenizer::Partition(std::string_view text, bool parse_special,
         continue;
       }
       const std::string_view scope = text.substr(0, f.e);
+      const uint8_t strip = vocab_.strip[id];
       size_t pos = f.b, search = f.b;
       for (size_t m; (m = scope.find(t, search)) != std::string_view::npos;) {
         if (type != TokenType::kUserDefined && OverlapsLiteral(literal, m, m + t.size())) {
           search = m + 1;  // literal text: no control token here
           continue;
         }
-        if (m > pos) next.push_back({kNoToken, pos, m});
+        size_t left_end = m;
+        while ((strip & kStripLeft) && left_end > pos && IsAsciiSpace(text[left_end - 1])) {
+          --left_end;
+        }
+        if (left_end > pos) next.push_back({kNoToken, pos, left_end});
         next.push_back({id, 0, 0});
-        pos = search = m + t.size();
+        pos = m + t.size();
+        while ((strip & kStripRight) && pos < f.e && IsAsciiSpace(text[pos])) ++pos;
+        search = pos;
       }
       if (pos < f.e) next.push_back({kNoToken, pos, f.e});
     }
@@ -258,6 +300,7 @@ Tokenizer Tokenizer::FromGguf(const gguf::GgufFile& file) {
   vocab.add_eos = file.GetBool(gguf_keys::kAddEos, false);
   vocab.add_space_prefix = file.GetBool(gguf_keys::kAddSpacePrefix, true);
   vocab.chat_template = std::string(file.GetString(gguf_keys::kChatTemplate, ""));
+  vocab.model_name = std::string(file.GetString(gguf_keys::kName, ""));
   try {
     return Tokenizer(std::move(vocab));
   } catch (const Error& e) {

@@ -2,8 +2,13 @@
 // every case of each vocabulary must encode (no BOS, no special parsing) to
 // exactly the ids llama.cpp produced. One test per vocabulary; a failure lists
 // every failing case with its input, expected and actual ids.
+//
+// The differential cases (NAME.gguf.fuzz.inp/.out, scripts/gen-tokenizer-cases.py):
+// random and adversarial texts tokenized by llama.cpp's llama-tokenize three
+// ways - plain, parsing control tokens, and with the model's BOS/EOS too.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -27,6 +32,25 @@ struct Case {
   std::string text;
   std::vector<TokenId> ids;
 };
+
+std::vector<TokenId> ParseIds(const std::string& line) {
+  std::vector<TokenId> ids;
+  std::istringstream in(line);
+  for (TokenId id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+std::vector<std::string> SplitCases(const std::string& inp) {
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  for (size_t pos = 0; pos < inp.size();) {
+    const size_t end = inp.find(sep, pos);
+    if (end == std::string::npos) break;
+    texts.push_back(inp.substr(pos, end - pos));
+    pos = end + sep.size();
+  }
+  return texts;
+}
 
 std::vector<Case> ReadCases(const std::string& base) {
   const std::string inp = ReadFile(base + ".inp");
@@ -88,6 +112,53 @@ INSTANTIATE_TEST_SUITE_P(Llama, VocabSuite,
                            }
                            return name;
                          });
+
+// A readable form of a text that may hold control characters or broken UTF-8.
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+TEST_P(VocabSuite, DifferentialCasesMatchLlamaTokenize) {
+  const std::string base =
+      std::string(MESHNET_TOKENIZER_DATA) + "/ggml-vocab-" + GetParam() + ".gguf";
+  const Tokenizer tok = Tokenizer::FromGguf(gguf::GgufFile::Open(base));
+  const std::vector<std::string> texts = SplitCases(ReadFile(base + ".fuzz.inp"));
+  std::istringstream out(ReadFile(base + ".fuzz.out"));
+  ASSERT_GE(texts.size(), 100u);
+  int failed = 0, compared = 0;
+  std::string failures;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    // llama-tokenize --no-bos --no-parse-special / --no-bos / its defaults.
+    const bool add_special[] = {false, false, tok.add_bos()};
+    const bool parse_special[] = {false, true, true};
+    const char* const kWays[] = {"plain", "special", "with BOS"};
+    for (int way = 0; way < 3; ++way) {
+      std::string line;
+      ASSERT_TRUE(std::getline(out, line)) << "fewer .fuzz.out lines than cases";
+      const std::vector<TokenId> want = ParseIds(line);
+      const std::vector<TokenId> got = tok.Tokenize(texts[i], add_special[way], parse_special[way]);
+      ++compared;
+      if (got == want) continue;
+      if (++failed <= 10) {
+        failures += "case " + std::to_string(i) + " (" + kWays[way] + ") '" + Printable(texts[i]) +
+                    "'\n  want: " + Ids(want) + "\n  got:  " + Ids(got) + "\n";
+      }
+    }
+  }
+  EXPECT_EQ(failed, 0) << failed << " of " << compared << " tokenizations differ:\n" << failures;
+}
 
 }  // namespace
 }  // namespace meshnet::model
