@@ -449,6 +449,30 @@ Value Interpreter::Eval(const Expr& e, Frame& frame) {
   return v;
 }
 
+// .attr, [item] and [a:b:c]: the object pays for its size (dict lookups and string indexing
+// are linear).
+Value Interpreter::EvalAccess(const Expr& e, Frame& frame) {
+  Value obj = Eval(*e.args[0], frame);
+  Charge(Cost(obj));
+  if (e.type == Expr::Type::kAttr) return GetAttr(obj, e.name);
+  if (e.type == Expr::Type::kItem) return GetItem(obj, Eval(*e.args[1], frame));
+  auto part = [&](int i) { return e.args[i] ? Eval(*e.args[i], frame) : Value(None{}); };
+  return Slice(*this, obj, part(1), part(2), part(3), folding_);
+}
+
+Value Interpreter::EvalFilterOrTest(const Expr& e, Frame& frame) {
+  // Not constants: filters that need the context, and a block set's input.
+  const bool filter = e.type == Expr::Type::kFilter;
+  if (folding_ && filter && (PassesContext(e.name) || (!e.args[0] && !pipe_input_))) {
+    throw NotConstant{};
+  }
+  Value input = e.args[0] ? Eval(*e.args[0], frame) : *pipe_input_;
+  Charge(Cost(input));
+  CallArgs args = EvalArgs(e, frame, 1);
+  if (filter) return ApplyFilter(*this, e.name, input, args);
+  return Value(ApplyTest(*this, e.name, input, args));
+}
+
 Value Interpreter::EvalNode(const Expr& e, Frame& frame) {
   switch (e.type) {
     case Expr::Type::kLiteral:
@@ -462,38 +486,15 @@ Value Interpreter::EvalNode(const Expr& e, Frame& frame) {
     }
     case Expr::Type::kDict:
       return EvalDict(e, frame);
-    case Expr::Type::kAttr: {
-      Value obj = Eval(*e.args[0], frame);
-      Charge(Cost(obj));
-      return GetAttr(obj, e.name);
-    }
-    case Expr::Type::kItem: {
-      Value obj = Eval(*e.args[0], frame);
-      Charge(Cost(obj));
-      return GetItem(obj, Eval(*e.args[1], frame));
-    }
-    case Expr::Type::kSlice: {
-      Value obj = Eval(*e.args[0], frame);
-      Charge(Cost(obj));
-      auto part = [&](int i) { return e.args[i] ? Eval(*e.args[i], frame) : Value(None{}); };
-      return Slice(*this, obj, part(1), part(2), part(3), folding_);
-    }
+    case Expr::Type::kAttr:
+    case Expr::Type::kItem:
+    case Expr::Type::kSlice:
+      return EvalAccess(e, frame);
     case Expr::Type::kCall:
       return EvalCall(e, frame);
-    case Expr::Type::kFilter: {
-      // Not constants: filters that need the context, and a block set's input.
-      if (folding_ && (PassesContext(e.name) || (!e.args[0] && !pipe_input_))) throw NotConstant{};
-      Value input = e.args[0] ? Eval(*e.args[0], frame) : *pipe_input_;
-      Charge(Cost(input));
-      CallArgs args = EvalArgs(e, frame, 1);
-      return ApplyFilter(*this, e.name, input, args);
-    }
-    case Expr::Type::kTest: {
-      Value input = Eval(*e.args[0], frame);
-      Charge(Cost(input));
-      CallArgs args = EvalArgs(e, frame, 1);
-      return Value(ApplyTest(*this, e.name, input, args));
-    }
+    case Expr::Type::kFilter:
+    case Expr::Type::kTest:
+      return EvalFilterOrTest(e, frame);
     case Expr::Type::kUnary:
       return UnaryOp(e.name, Eval(*e.args[0], frame));
     case Expr::Type::kBinary: {

@@ -72,6 +72,8 @@ class Interpreter {
   Value EvalCall(const Expr& e, Frame& frame);
   Value EvalDict(const Expr& e, Frame& frame);
   Value EvalNode(const Expr& e, Frame& frame);
+  Value EvalAccess(const Expr& e, Frame& frame);
+  Value EvalFilterOrTest(const Expr& e, Frame& frame);
   void PollCancelled() const;
   CallArgs EvalArgs(const Expr& e, Frame& frame, size_t first);
 

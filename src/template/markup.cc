@@ -432,11 +432,51 @@ Value PercentFormat(Interpreter& in, const Value& fmt, const Value& arg) {
   return StrLike(fmt, std::move(out));
 }
 
+namespace {
+
+// The replacement field "name[!conv][:spec]" (the text between braces), formatted.
+struct FieldState {
+  size_t auto_index = 0;
+  int mode = 0;  // 1: automatic numbering, 2: manual
+};
+
+std::string FormatField(const std::string& field, const Value& fmt, const CallArgs& args,
+                        FieldState* state) {
+  size_t k = 0;
+  for (bool in_key = false; k < field.size() && (in_key || (field[k] != '!' && field[k] != ':'));
+       ++k) {
+    in_key = field[k] == '[' ? true : field[k] == ']' ? false : in_key;
+  }
+  const size_t name_end = k;
+  char conv = 0;
+  if (k < field.size() && field[k] == '!') {
+    if (k + 1 >= field.size()) ThrowRuntime("end of string while looking for conversion");
+    conv = field[k + 1];
+    k += 2;
+    if (k < field.size() && field[k] != ':') ThrowRuntime("expected ':' after conversion");
+  }
+  std::string spec = k < field.size() ? field.substr(k + 1) : "";
+  Value v = ResolveField(field.substr(0, name_end), args, &state->auto_index, &state->mode);
+  if (conv == 'r' || conv == 'a') {
+    v = Value(v.Repr());
+  } else if (conv == 's') {
+    v = Value(v.Str());
+  } else if (conv != 0) {
+    ThrowRuntime(std::string("Unknown conversion specifier ") + conv);
+  }
+  if (fmt.is_markup() && v.is_markup()) {
+    if (!spec.empty()) ThrowRuntime("Unsupported format specification for Markup.");
+    return v.as_string();
+  }
+  return fmt.is_markup() ? HtmlEscape(FormatWithSpec(v, spec)) : FormatWithSpec(v, spec);
+}
+
+}  // namespace
+
 Value StrFormat(Interpreter& in, const Value& fmt, const CallArgs& args) {
   const std::string& s = fmt.as_string();
   std::string out;
-  size_t auto_index = 0;
-  int mode = 0;  // 1: automatic numbering, 2: manual
+  FieldState state;
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
     if (c == '}') {
@@ -464,36 +504,8 @@ Value StrFormat(Interpreter& in, const Value& fmt, const CallArgs& args) {
       if (s[j] == '{' && !bracket) ThrowRuntime("nested format fields are not supported");
     }
     if (j >= s.size()) ThrowRuntime("Single '{' encountered in format string");
-    std::string field = s.substr(i + 1, j - i - 1);
+    out += FormatField(s.substr(i + 1, j - i - 1), fmt, args, &state);
     i = j;
-    size_t k = 0;
-    for (bool in_key = false; k < field.size() && (in_key || (field[k] != '!' && field[k] != ':'));
-         ++k) {
-      in_key = field[k] == '[' ? true : field[k] == ']' ? false : in_key;
-    }
-    const size_t name_end = k;
-    char conv = 0;
-    if (k < field.size() && field[k] == '!') {
-      if (k + 1 >= field.size()) ThrowRuntime("end of string while looking for conversion");
-      conv = field[k + 1];
-      k += 2;
-      if (k < field.size() && field[k] != ':') ThrowRuntime("expected ':' after conversion");
-    }
-    std::string spec = k < field.size() ? field.substr(k + 1) : "";
-    Value v = ResolveField(field.substr(0, name_end), args, &auto_index, &mode);
-    if (conv == 'r' || conv == 'a') {
-      v = Value(v.Repr());
-    } else if (conv == 's') {
-      v = Value(v.Str());
-    } else if (conv != 0) {
-      ThrowRuntime(std::string("Unknown conversion specifier ") + conv);
-    }
-    if (fmt.is_markup() && v.is_markup()) {
-      if (!spec.empty()) ThrowRuntime("Unsupported format specification for Markup.");
-      out += v.as_string();
-    } else {
-      out += fmt.is_markup() ? HtmlEscape(FormatWithSpec(v, spec)) : FormatWithSpec(v, spec);
-    }
     in.CheckSize(out.size());
   }
   return StrLike(fmt, std::move(out));

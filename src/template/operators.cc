@@ -38,52 +38,39 @@ int Compare(const Value& a, const Value& b, const std::string& op) {
                b.TypeName() + "'");
 }
 
-Value Arithmetic(Interpreter& in, const std::string& op, const Value& a, const Value& b) {
-  if (!(a.is_number() || a.is_bool()) || !(b.is_number() || b.is_bool())) {
-    ThrowRuntime("unsupported operand type(s) for " + op + ": '" + a.TypeName() + "' and '" +
-                 b.TypeName() + "'");
-  }
-  bool ints = IsIntLike(a) && IsIntLike(b);
-  if (op == "/") {
-    if (b.as_number() == 0) ThrowRuntime("division by zero");
-    return Value(a.as_number() / b.as_number());
-  }
-  if (ints) {
-    int64_t x = AsIntLike(a), y = AsIntLike(b), r = 0;
-    bool overflow = false;
-    if (op == "+") {
-      overflow = __builtin_add_overflow(x, y, &r);
-    } else if (op == "-") {
-      overflow = __builtin_sub_overflow(x, y, &r);
-    } else if (op == "*") {
-      overflow = __builtin_mul_overflow(x, y, &r);
-    } else if (op == "//" || op == "%") {
-      if (y == 0) ThrowRuntime("integer division or modulo by zero");
-      if (x == INT64_MIN && y == -1) ThrowRuntime("integer overflow");
-      int64_t q = x / y, m = x % y;
-      if (m != 0 && ((m < 0) != (y < 0))) {
-        --q;
-        m += y;
-      }
-      r = op == "//" ? q : m;
-    } else if (op == "**") {
-      if (y < 0) return Value(std::pow(static_cast<double>(x), static_cast<double>(y)));
-      r = 1;
-      for (int64_t i = 0; i < y && !overflow; ++i) {
-        in.Step();
-        overflow = __builtin_mul_overflow(r, x, &r);
-      }
+Value IntArithmetic(Interpreter& in, const std::string& op, int64_t x, int64_t y) {
+  int64_t r = 0;
+  bool overflow = false;
+  if (op == "+") {
+    overflow = __builtin_add_overflow(x, y, &r);
+  } else if (op == "-") {
+    overflow = __builtin_sub_overflow(x, y, &r);
+  } else if (op == "*") {
+    overflow = __builtin_mul_overflow(x, y, &r);
+  } else if (op == "//" || op == "%") {
+    if (y == 0) ThrowRuntime("integer division or modulo by zero");
+    if (x == INT64_MIN && y == -1) ThrowRuntime("integer overflow");
+    int64_t q = x / y, m = x % y;
+    if (m != 0 && ((m < 0) != (y < 0))) {
+      --q;
+      m += y;
     }
-    if (overflow) ThrowRuntime("integer overflow in '" + op + "'");
-    return Value(r);
+    r = op == "//" ? q : m;
+  } else if (op == "**") {
+    if (y < 0) return Value(std::pow(static_cast<double>(x), static_cast<double>(y)));
+    r = 1;
+    for (int64_t i = 0; i < y && !overflow; ++i) {
+      in.Step();
+      overflow = __builtin_mul_overflow(r, x, &r);
+    }
   }
-  double x = a.as_number(), y = b.as_number();
-  if (op == "+") return Value(x + y);
-  if (op == "-") return Value(x - y);
-  if (op == "*") return Value(x * y);
-  if (op == "**") return Value(std::pow(x, y));
+  if (overflow) ThrowRuntime("integer overflow in '" + op + "'");
+  return Value(r);
+}
+
+// CPython's float divmod: the remainder from fmod, the quotient rounded from (x - mod) / y.
+Value FloatFloorDivMod(const std::string& op, double x, double y) {
   if (y == 0) ThrowRuntime("float division by zero");
-  // CPython's float divmod: the remainder from fmod, the quotient rounded from (x - mod) / y.
   double mod = std::fmod(x, y);
   double div = (x - mod) / y;
   if (mod != 0) {
@@ -102,6 +89,24 @@ Value Arithmetic(Interpreter& in, const std::string& op, const Value& a, const V
     floordiv = std::copysign(0.0, x / y);
   }
   return Value(op == "//" ? floordiv : mod);
+}
+
+Value Arithmetic(Interpreter& in, const std::string& op, const Value& a, const Value& b) {
+  if (!(a.is_number() || a.is_bool()) || !(b.is_number() || b.is_bool())) {
+    ThrowRuntime("unsupported operand type(s) for " + op + ": '" + a.TypeName() + "' and '" +
+                 b.TypeName() + "'");
+  }
+  if (op == "/") {
+    if (b.as_number() == 0) ThrowRuntime("division by zero");
+    return Value(a.as_number() / b.as_number());
+  }
+  if (IsIntLike(a) && IsIntLike(b)) return IntArithmetic(in, op, AsIntLike(a), AsIntLike(b));
+  double x = a.as_number(), y = b.as_number();
+  if (op == "+") return Value(x + y);
+  if (op == "-") return Value(x - y);
+  if (op == "*") return Value(x * y);
+  if (op == "**") return Value(std::pow(x, y));
+  return FloatFloorDivMod(op, x, y);
 }
 
 Value Repeat(Interpreter& in, const Value& seq, int64_t n) {
