@@ -25,7 +25,7 @@ int Compare(const Value& a, const Value& b, const std::string& op) {
     int c = a.as_string().compare(b.as_string());
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
-  if (a.is_list() && b.is_list()) {
+  if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
     const List &x = a.as_list(), &y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
       if (!x[i].Equals(y[i])) return Compare(x[i], y[i], op);

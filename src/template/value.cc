@@ -255,7 +255,7 @@ bool Value::Equals(const Value& o) const {
       return as_string() == o.as_string();
     case Kind::kList: {
       const List &a = as_list(), &b = o.as_list();
-      if (a.size() != b.size()) return false;
+      if (tuple_ != o.tuple_ || a.size() != b.size()) return false;  // [1] != (1,)
       for (size_t i = 0; i < a.size(); ++i) {
         if (!a[i].Equals(b[i])) return false;
       }
