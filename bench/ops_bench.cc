@@ -53,6 +53,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -71,6 +72,7 @@
 #include "ops/matmul.h"
 #include "ops/nn.h"
 #include "ops/quantize.h"
+#include "ops/simd_targets.h"
 #include "util/dtype.h"
 #include "util/thread_pool.h"
 #endif
@@ -805,22 +807,11 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
       continue;
     }
-    std::string_view names = arg.substr(kFlag.size());
-    while (!names.empty()) {
-      const std::string_view name = names.substr(0, names.find(','));
-      names.remove_prefix(std::min(names.size(), name.size() + 1));
-      bool known = false;
-      for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
-        if (name == hwy::TargetName(t)) {
-          hwy::DisableTargets(t);
-          known = true;
-        }
-      }
-      if (!known) {
-        std::fprintf(stderr, "ops_bench: --ops_without: %.*s is not a target of this machine\n",
-                     static_cast<int>(name.size()), name.data());
-        return 2;
-      }
+    try {
+      meshnet::ops::DisableSimdTargets(arg.substr(kFlag.size()));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ops_bench: --ops_without: %s\n", e.what());
+      return 2;
     }
   }
   int n = static_cast<int>(rest.size());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,6 +14,7 @@
 #include "arch/architecture.h"
 #include "gguf/gguf_writer.h"
 #include "model/synthetic_model.h"
+#include "ops/simd_targets.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/cli_run.h"
 #include "tests/rpc/node_process.h"
@@ -270,6 +272,21 @@ TEST_F(CliHardeningTest, GgmlParityGeneratesLlamaCppText) {
   EXPECT_EQ(quant.exit_code, 2) << Describe(quant);
   EXPECT_THAT(quant.err, HasSubstr("needs an F16 KV cache (--kv-dtype f16), not q8_0"))
       << Describe(quant);
+}
+
+// MESHNET_DISABLE_SIMD: an unknown target exits 2 naming it and the
+// machine's targets; leaving out the best one still generates.
+TEST_F(CliHardeningTest, DisableSimdNamesTheMachinesTargets) {
+  setenv("MESHNET_DISABLE_SIMD", "NOT_A_TARGET", 1);
+  const CliResult bad = Run({"inspect", kModel});
+  setenv("MESHNET_DISABLE_SIMD", ops::BestSimdTarget().c_str(), 1);
+  const CliResult fewer =
+      Run({"generate", "--model", kModel, "--prompt", "Once", "--max-tokens", "4"});
+  unsetenv("MESHNET_DISABLE_SIMD");
+  EXPECT_EQ(bad.exit_code, 2) << Describe(bad);
+  EXPECT_THAT(bad.err, HasSubstr("'NOT_A_TARGET' is not one of this machine's")) << Describe(bad);
+  EXPECT_THAT(bad.err, HasSubstr(ops::BestSimdTarget())) << Describe(bad);
+  EXPECT_EQ(fewer.exit_code, 0) << Describe(fewer);
 }
 
 // In-process-only flags are an error with --nodes, not silently ignored.
