@@ -22,8 +22,12 @@
 // AVX2 the K-quants sum the sub-blocks' scaled integer dots exactly over the
 // 256-block first, as GGML does, and Q4_0/Q5_0's code bias -8/-16 enters like
 // Q4_1's offset, through the activations' d*sum(q); other targets scale each
-// 32-block). Float sums are not in a fixed order: results agree with
-// MatMulReferenceQuantized to float rounding, not bit for bit across targets.
+// 32-block). Results agree with MatMulReferenceQuantized to float rounding,
+// not bit for bit across SIMD targets. Within one target they are batch
+// invariant: each output sums in one order fixed by its weight row (its
+// address, length and type), so a token's row of y is the same bits whatever
+// n_tokens, its place among them, the other tokens, the packed layout's use
+// and the pool's thread count.
 // QuantizeActivationsReference and MatMulReferenceQuantized define these
 // semantics for tests.
 //

@@ -220,13 +220,12 @@ HWY_INLINE void QuantSubBlock(const uint8_t* const (&rows)[R], const SubScales (
     }
 }
 
-// Rows [r0, r0+R) x tokens [t0, t0+T) of y (n_tokens, rows). A single-row,
-// single-token tile (decode) alternates two accumulators so consecutive
-// blocks' FMAs do not wait on each other's latency.
+// Rows [r0, r0+R) x tokens [t0, t0+T) of y (n_tokens, rows). Every output
+// has one accumulator and takes its blocks in order, whatever the tile shape:
+// a row's result is the same bits alone (decode, 1 x 1) or in any batch.
 template <class Fmt, int R, int T>
 HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
                           float* y) {
-  constexpr int kAcc = (R * T == 1) ? 2 : 1;
   const DF32 df;
   const D8F d8;
   const int64_t row_bytes = w.cols / Fmt::kSuper * Fmt::kBytes;
@@ -234,39 +233,28 @@ HWY_INLINE void QuantTile(const WeightMatrix& w, int64_t r0, int64_t t0, const Q
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * row_bytes;
   const QuantTokenPtrs<T> x(a, t0);
-  hn::Vec<DF32> acc[kAcc][R][T];
+  hn::Vec<DF32> acc[R][T];
   float corr[R][T];
   hn::Vec<D8F> corr8[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
-      for (int k = 0; k < kAcc; ++k) acc[k][r][t] = hn::Zero(df);
+      acc[r][t] = hn::Zero(df);
       corr[r][t] = 0.0f;
       corr8[r][t] = hn::Zero(d8);
     }
-  // Blocks alternate between accumulators by a compile-time index: with one
-  // 32-block per super-block, kStep consecutive super-blocks form one iteration.
-  constexpr int kStep = Fmt::kSub == 1 ? kAcc : 1;
-  for (int64_t s0 = 0; s0 < n_super; s0 += kStep) {
-    for (int u = 0; u < kStep; ++u) {
-      const int64_t s = s0 + u;
-      if (kStep > 1 && s >= n_super) break;
-      SubScales h[R];
-      for (int r = 0; r < R; ++r) Fmt::Header(rows[r] + s * Fmt::kBytes, &h[r]);
-      HWY_ALIGN float eff[R][T][Fmt::kSub];
-      QuantSuperScales<Fmt, R, T>(h, x, s, eff, corr, corr8);
-      HWY_UNROLL(8)
-      for (int j = 0; j < Fmt::kSub; ++j) {
-        QuantSubBlock<Fmt, R, T>(rows, h, x, s, j, eff, acc[(u * Fmt::kSub + j) % kAcc]);
-      }
-    }
+  for (int64_t s = 0; s < n_super; ++s) {
+    SubScales h[R];
+    for (int r = 0; r < R; ++r) Fmt::Header(rows[r] + s * Fmt::kBytes, &h[r]);
+    HWY_ALIGN float eff[R][T][Fmt::kSub];
+    QuantSuperScales<Fmt, R, T>(h, x, s, eff, corr, corr8);
+    HWY_UNROLL(8)
+    for (int j = 0; j < Fmt::kSub; ++j) QuantSubBlock<Fmt, R, T>(rows, h, x, s, j, eff, acc);
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) {
-      auto total = acc[0][r][t];
-      for (int k = 1; k < kAcc; ++k) total = hn::Add(total, acc[k][r][t]);
       float off = corr[r][t];
       if constexpr (Fmt::kSub == 8) off += hn::GetLane(hn::SumOfLanes(d8, corr8[r][t]));
-      y[(t0 + t) * w.rows + r0 + r] = hn::GetLane(hn::SumOfLanes(df, total)) - off;
+      y[(t0 + t) * w.rows + r0 + r] = hn::GetLane(hn::SumOfLanes(df, acc[r][t])) - off;
     }
 }
 
@@ -432,51 +420,71 @@ HWY_INLINE float ScalarAct(float v) {
   return v;
 }
 
-// One row . one token (decode): 4 independent FMA chains hide the latency.
-// Returns the vector sum of elements [0, *end); the caller adds the rest.
-template <class WT, bool kRound>
-HWY_INLINE hn::Vec<DF> FloatDot1(const WT* row, const float* x, int64_t cols, int64_t* end) {
-  const DF df;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-  int64_t i = 0;
-  // Align the weight stream to the load size: split loads cost ~30% of the
-  // bandwidth (GGUF aligns tensors to 32 bytes only). The first vector is
-  // loaded unaligned and masked to the `head` elements before the boundary.
+// The weight stream of a long row is read in loads aligned to their size
+// (split loads cost ~30% of the bandwidth; GGUF aligns tensors to 32 bytes
+// only): its first `head` elements, up to the first aligned boundary, form
+// one masked vector. Rows of fewer than kAlignFrom vectors (cache-resident,
+// where the extra vector would cost more than the split loads) and rows too
+// short for it have none (0).
+constexpr int64_t kAlignFrom = 16;
+template <class WT>
+HWY_INLINE int64_t AlignedHead(const WT* row, int64_t cols) {
   constexpr size_t kLoadBytes = hn::MaxLanes(DF()) * sizeof(WT);
+  const auto n = static_cast<int64_t>(hn::Lanes(DF()));
   const auto addr = reinterpret_cast<uintptr_t>(row);
   const auto head =
       static_cast<int64_t>((kLoadBytes - addr % kLoadBytes) % kLoadBytes / sizeof(WT));
-  if (addr % sizeof(WT) == 0 && head > 0 && head + n <= cols) {
-    const auto m = hn::FirstN(df, static_cast<size_t>(head));
-    a0 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, row)),
-                    hn::IfThenElseZero(m, LoadActs<kRound>(df, x)), a0);
-    i = head;
-  }
-  for (; i + 4 * n <= cols; i += 4 * n) {
-    a0 = hn::MulAdd(LoadWeights(df, row + i), LoadActs<kRound>(df, x + i), a0);
-    a1 = hn::MulAdd(LoadWeights(df, row + i + n), LoadActs<kRound>(df, x + i + n), a1);
-    a2 = hn::MulAdd(LoadWeights(df, row + i + 2 * n), LoadActs<kRound>(df, x + i + 2 * n), a2);
-    a3 = hn::MulAdd(LoadWeights(df, row + i + 3 * n), LoadActs<kRound>(df, x + i + 3 * n), a3);
-  }
-  for (; i + n <= cols; i += n) {
-    a1 = hn::MulAdd(LoadWeights(df, row + i), LoadActs<kRound>(df, x + i), a1);
-  }
-  if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
-    const int64_t last = cols - n;
-    const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - last)));
-    a2 = hn::MulAdd(hn::IfThenElseZero(m, LoadWeights(df, row + last)),
-                    hn::IfThenElseZero(m, LoadActs<kRound>(df, x + last)), a2);
-    i = cols;
-  }
-  *end = i;
-  return hn::Add(hn::Add(a0, a1), hn::Add(a2, a3));
+  return addr % sizeof(WT) == 0 && cols >= kAlignFrom * n ? head : 0;
 }
 
-// Rows [r0, r0+R) x tokens [t0, t0+T) of y: R*T accumulators, each weight
-// vector loaded once for the T tokens and each activation vector once for the
-// R rows.
-template <class WT, bool kRound, int R, int T>
+// Whether every row of w has the same head (rows of one tile then share it).
+template <class WT>
+HWY_INLINE bool RowsShareAlignment(const WeightMatrix& w) {
+  const auto n = static_cast<int64_t>(hn::Lanes(DF()));
+  const auto load_bytes = static_cast<int64_t>(hn::MaxLanes(DF()) * sizeof(WT));
+  return w.cols < kAlignFrom * n || w.cols * static_cast<int64_t>(sizeof(WT)) % load_bytes == 0;
+}
+
+// Whether a float row sums in two chains: a property of the row's length and
+// the target only, never of the batch. AVX-512 targets keep one: their
+// batches use 4 x 4 tiles (16 accumulators), measured 1.5x faster at 16
+// tokens than 2 x 4 tiles of two chains, and their decode is as fast with one
+// chain. With 16 vector registers (AVX2 and below), long rows (kAlignFrom
+// vectors or more) take two, which keep their decode as fast as before and
+// their 2 x 2 tiles as fast as one chain's 2 x 4; short (cache-resident)
+// rows keep one chain and 2 x 4 tiles, whose decode rows overlap anyway.
+template <class WT>
+HWY_INLINE bool TwoChains(const WeightMatrix& w) {
+  return !kWideRegs && w.cols >= kAlignFrom * static_cast<int64_t>(hn::Lanes(DF()));
+}
+
+// Rows [r0, r0+R) x tokens [t0, t0+T) of y, each weight vector loaded once
+// for the T tokens and each activation vector once for the R rows. Every
+// output sums in one order, whatever the tile shape: the row's vectors (its
+// masked head, AlignedHead; its whole vectors; its masked last one) go into
+// one accumulator, or by turns into two (kTwo; the first vector into
+// the first), which are then added and their lanes summed. So a row's result
+// is the same bits alone (decode) or in any batch. The rows of a tile must
+// share their head (RowsShareAlignment, or R == 1).
+// The vector at element `at` of R rows x T tokens into acc (kMasked: the
+// lanes outside m read as zero).
+template <class WT, bool kRound, int R, int T, bool kMasked>
+HWY_INLINE void FloatVecInto(const WT* const (&rows)[R], const float* const (&xs)[T], int64_t at,
+                             hn::Mask<DF> m, hn::Vec<DF> (&acc)[R][T]) {
+  const DF df;
+  hn::Vec<DF> wv[R];
+  for (int r = 0; r < R; ++r) {
+    wv[r] = LoadWeights(df, rows[r] + at);
+    if constexpr (kMasked) wv[r] = hn::IfThenElseZero(m, wv[r]);
+  }
+  for (int t = 0; t < T; ++t) {
+    auto xv = LoadActs<kRound>(df, xs[t] + at);
+    if constexpr (kMasked) xv = hn::IfThenElseZero(m, xv);
+    for (int r = 0; r < R; ++r) acc[r][t] = hn::MulAdd(wv[r], xv, acc[r][t]);
+  }
+}
+
+template <class WT, bool kRound, int R, int T, bool kTwo>
 HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const float* x, float* y) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
@@ -485,22 +493,48 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
   for (int r = 0; r < R; ++r) rows[r] = static_cast<const WT*>(w.data) + (r0 + r) * cols;
   const float* xs[T];
   for (int t = 0; t < T; ++t) xs[t] = x + (t0 + t) * cols;
-  hn::Vec<DF> acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+  constexpr int kC = kTwo ? 2 : 1, kSecond = kC - 1;  // acc[kSecond]: the second chain
+  hn::Vec<DF> acc[kC][R][T];
+  for (int c = 0; c < kC; ++c)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[c][r][t] = hn::Zero(df);
+  const auto none = hn::FirstN(df, 0);  // the mask of the unmasked vectors (unread)
+  const int64_t head = AlignedHead(rows[0], cols);
   int64_t i = 0;
-  if constexpr (R * T == 1) acc[0][0] = FloatDot1<WT, kRound>(rows[0], xs[0], cols, &i);
-  for (; i + n <= cols; i += n) {
-    hn::Vec<DF> wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = LoadWeights(df, rows[r] + i);
-    for (int t = 0; t < T; ++t) {
-      const auto xv = LoadActs<kRound>(df, xs[t] + i);
-      for (int r = 0; r < R; ++r) acc[r][t] = hn::MulAdd(wv[r], xv, acc[r][t]);
+  bool odd = false;  // the next vector goes into the second chain
+  if (head > 0) {
+    FloatVecInto<WT, kRound, R, T, true>(rows, xs, 0, hn::FirstN(df, static_cast<size_t>(head)),
+                                         acc[0]);
+    i = head;
+    odd = true;
+    if (i + n <= cols) {
+      FloatVecInto<WT, kRound, R, T, false>(rows, xs, i, none, acc[kSecond]);
+      i += n;
+      odd = false;
     }
+  }
+  for (; kTwo && i + 2 * n <= cols; i += 2 * n) {
+    FloatVecInto<WT, kRound, R, T, false>(rows, xs, i, none, acc[0]);
+    FloatVecInto<WT, kRound, R, T, false>(rows, xs, i + n, none, acc[kSecond]);
+  }
+  for (; i + n <= cols; i += n) {  // one chain: all; two: the odd one left
+    FloatVecInto<WT, kRound, R, T, false>(rows, xs, i, none, acc[0]);
+    odd = true;
+  }
+  if (i < cols && cols >= n) {  // the last vector of the row, masked to the rest
+    const auto m = hn::Not(hn::FirstN(df, static_cast<size_t>(i - (cols - n))));
+    if (odd) {
+      FloatVecInto<WT, kRound, R, T, true>(rows, xs, cols - n, m, acc[kSecond]);
+    } else {
+      FloatVecInto<WT, kRound, R, T, true>(rows, xs, cols - n, m, acc[0]);
+    }
+    i = cols;
   }
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
-      float sum = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
+      auto total = acc[0][r][t];
+      if constexpr (kTwo) total = hn::Add(total, acc[kSecond][r][t]);
+      float sum = hn::GetLane(hn::SumOfLanes(df, total));
       for (int64_t k = i; k < cols; ++k)
         sum += ScalarWeight(rows[r] + k) * ScalarAct<kRound>(xs[t][k]);
       y[(t0 + t) * w.rows + r0 + r] = sum;
@@ -508,27 +542,37 @@ HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const f
   }
 }
 
-template <class WT, bool kRound, int R, int T>
+template <class WT, bool kRound, int R, int T, bool kTwo>
 HWY_INLINE void FloatTokens(const WeightMatrix& w, int64_t r0, const float* x, int64_t n_tokens,
                             float* y) {
   int64_t t = 0;
-  for (; t + T <= n_tokens; t += T) FloatTile<WT, kRound, R, T>(w, r0, t, x, y);
-  for (; t < n_tokens; ++t) FloatTile<WT, kRound, R, 1>(w, r0, t, x, y);
+  for (; t + T <= n_tokens; t += T) FloatTile<WT, kRound, R, T, kTwo>(w, r0, t, x, y);
+  for (; t < n_tokens; ++t) FloatTile<WT, kRound, R, 1, kTwo>(w, r0, t, x, y);
+}
+
+// Batches: tiles of 4 rows x 4 tokens (16 accumulators) where 32 vector
+// registers hold them, else 2 x 4 of one chain or 2 x 2 of two (8).
+template <class WT, bool kRound, bool kTwo>
+void FloatRowsOf(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
+                 int64_t n_tokens, float* y) {
+  constexpr int kT = kTwo ? 2 : 4;
+  int64_t r = r_begin;
+  if (n_tokens == 1) {
+    for (; r < r_end; ++r) FloatTile<WT, kRound, 1, 1, kTwo>(w, r, 0, x, y);
+  } else if (RowsShareAlignment<WT>(w)) {
+    if constexpr (kWideRegs) {
+      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, kRound, 4, kT, kTwo>(w, r, x, n_tokens, y);
+    }
+    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, kRound, 2, kT, kTwo>(w, r, x, n_tokens, y);
+  }
+  for (; r < r_end; ++r) FloatTokens<WT, kRound, 1, kT, kTwo>(w, r, x, n_tokens, y);
 }
 
 template <class WT, bool kRound>
 void FloatRows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,
                int64_t n_tokens, float* y) {
-  int64_t r = r_begin;
-  if (n_tokens == 1) {
-    for (; r < r_end; ++r) FloatTile<WT, kRound, 1, 1>(w, r, 0, x, y);
-  } else {
-    if constexpr (kWideRegs) {
-      for (; r + 4 <= r_end; r += 4) FloatTokens<WT, kRound, 4, 4>(w, r, x, n_tokens, y);
-    }
-    for (; r + 2 <= r_end; r += 2) FloatTokens<WT, kRound, 2, 4>(w, r, x, n_tokens, y);
-  }
-  for (; r < r_end; ++r) FloatTokens<WT, kRound, 1, 4>(w, r, x, n_tokens, y);
+  if (TwoChains<WT>(w)) return FloatRowsOf<WT, kRound, true>(w, r_begin, r_end, x, n_tokens, y);
+  FloatRowsOf<WT, kRound, false>(w, r_begin, r_end, x, n_tokens, y);
 }
 
 void MatMulFloatRowsImpl(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x,

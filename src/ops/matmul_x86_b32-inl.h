@@ -4,7 +4,8 @@
 // helpers they use).
 //
 // A tile is R weight rows x T tokens (decode: 1 x 1; batches: 2 x 4), its
-// R*T float accumulators held in registers: each weight block is decoded
+// R*T float accumulators held in registers (one per output, blocks in order,
+// so that a row's result does not depend on the tile it is computed in): each weight block is decoded
 // once per tile and reused for the T tokens, each activation block loaded once
 // and reused for the R rows. Per block, the integer dot (exact: vpmaddubsw,
 // then vpmaddwd into int32) is converted and scaled by d_w * d_x into float
@@ -392,79 +393,68 @@ HWY_INLINE void B32PackedRows(const WeightMatrix& w, int64_t g_begin, int64_t g_
 }
 
 // B32Tile with block pairs: the offset terms and an odd last block go into
-// 256-bit accumulators beside the 512-bit ones.
+// 256-bit accumulators beside the 512-bit ones. One accumulator of each per
+// output, whatever the tile shape (batch invariance, as B32Tile).
 template <class F, int R, int T>
 HWY_INLINE void B32PairTile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
                             float* y) {
-  constexpr int kAcc = R * T == 1 ? 2 : 1;
   const int64_t nb = w.cols / 32;
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) {
     rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * F::kBytes;
   }
   const TokenPtrs<T> x(a, t0);
-  __m512 acc[kAcc][R][T];
+  __m512 acc[R][T];
   __m256 side[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       side[r][t] = _mm256_setzero_ps();
-      for (int k = 0; k < kAcc; ++k) acc[k][r][t] = _mm512_setzero_ps();
+      acc[r][t] = _mm512_setzero_ps();
     }
   HWY_ALIGN float eff[R][T][8];
   for (int64_t b = 0; b < nb; b += 8) {
     const int g = static_cast<int>(std::min<int64_t>(8, nb - b));
     GroupScales<F, R, T>(rows, b, g, x, eff, side);
     int k = 0;
-    for (; k + 2 * kAcc <= g; k += 2 * kAcc) {
-      for (int u = 0; u < kAcc; ++u) PairDots<F, R, T>(rows, b, k + 2 * u, x, eff, acc[u]);
-    }
-    for (; k + 2 <= g; k += 2) PairDots<F, R, T>(rows, b, k, x, eff, acc[0]);
+    for (; k + 2 <= g; k += 2) PairDots<F, R, T>(rows, b, k, x, eff, acc);
     if (k < g) BlockDots<F, R, T>(rows, b, k, x, eff, side);
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) {
-      __m512 total = acc[0][r][t];
-      for (int k = 1; k < kAcc; ++k) total = _mm512_add_ps(total, acc[k][r][t]);
-      y[(t0 + t) * w.rows + r0 + r] = HSum(_mm256_add_ps(Halves(total), side[r][t]));
+      y[(t0 + t) * w.rows + r0 + r] = HSum(_mm256_add_ps(Halves(acc[r][t]), side[r][t]));
     }
 }
 #endif  // MESHNET_B32_PAIRS
 
-// Rows [r0, r0 + R) x tokens [t0, t0 + T) of y. A 1 x 1 tile (decode)
-// alternates two accumulators so consecutive blocks' FMAs overlap.
+// Rows [r0, r0 + R) x tokens [t0, t0 + T) of y. Each output has one
+// accumulator and takes its blocks (and its groups' offset terms) in order,
+// whatever the tile shape, so a row's result is the same bits alone (decode,
+// 1 x 1) or in any batch (2 x 4 tiles and their remainders). Decode keeps
+// the FMA units busy through the rows' independent chains, which overlap.
 template <class F, int R, int T>
 HWY_INLINE void B32Tile(const WeightMatrix& w, int64_t r0, int64_t t0, const QuantActs& a,
                         float* y) {
-  constexpr int kAcc = R * T == 1 ? 2 : 1;
   const int64_t nb = w.cols / 32;
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) {
     rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * F::kBytes;
   }
   const TokenPtrs<T> x(a, t0);
-  __m256 acc[kAcc][R][T];
-  for (int k = 0; k < kAcc; ++k)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[k][r][t] = _mm256_setzero_ps();
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   HWY_ALIGN float eff[R][T][8];
   for (int64_t b = 0; b < nb; b += 8) {
-    if (b + 8 <= nb) {
-      GroupScales<F, R, T>(rows, b, 8, x, eff, acc[0]);
-      for (int k = 0; k < 8; k += kAcc) {
-        for (int u = 0; u < kAcc; ++u) BlockDots<F, R, T>(rows, b, k + u, x, eff, acc[u]);
-      }
+    const int g = static_cast<int>(std::min<int64_t>(8, nb - b));
+    GroupScales<F, R, T>(rows, b, g, x, eff, acc);
+    if (g == 8) {  // a constant trip count, unrolled
+      for (int k = 0; k < 8; ++k) BlockDots<F, R, T>(rows, b, k, x, eff, acc);
     } else {  // the row's last blocks
-      const int g = static_cast<int>(nb - b);
-      GroupScales<F, R, T>(rows, b, g, x, eff, acc[0]);
-      for (int k = 0; k < g; ++k) BlockDots<F, R, T>(rows, b, k, x, eff, acc[0]);
+      for (int k = 0; k < g; ++k) BlockDots<F, R, T>(rows, b, k, x, eff, acc);
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) {
-      __m256 total = acc[0][r][t];
-      for (int k = 1; k < kAcc; ++k) total = _mm256_add_ps(total, acc[k][r][t]);
-      y[(t0 + t) * w.rows + r0 + r] = HSum(total);
-    }
+    for (int r = 0; r < R; ++r) y[(t0 + t) * w.rows + r0 + r] = HSum(acc[r][t]);
 }
 
 #ifdef MESHNET_B32_PAIRS

@@ -83,8 +83,8 @@ class LlamaShard {
   // The batched forward pass over the stacked rows of several sessions:
   // hidden (sum of slices' n, n_embd), slice after slice. The matmuls run over
   // all rows at once; RoPE, the K/V stores and attention run per slice against
-  // that slice's own KV. Row for row the same as Forward of each slice alone
-  // (up to the matmul kernels' summation order for n > 1). Does not check
+  // that slice's own KV. Row for row the same bits as Forward of each slice
+  // alone (the kernels are batch invariant, ops/matmul.h). Does not check
   // StepCancelled (the caller decides per session between batches); the
   // total rows must be >= 1. No error paths.
   void ForwardBatch(float* hidden, std::span<const BatchSlice> slices) const;
