@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "gguf/gguf_reader.h"
+#include "node/batch_test_util.h"
 #include "node/identity.h"
 #include "node/node.h"
 #include "node/node_test_util.h"
@@ -30,22 +31,6 @@ namespace meshnet::node {
 namespace {
 
 std::shared_ptr<const gguf::GgufFile> File() { return ShippedFile(); }
-
-StepRequest Prefill(const std::string& id, std::vector<int32_t> tokens) {
-  StepRequest r;
-  r.session_id = id;
-  r.session_secret = "s";
-  r.prefill = true;
-  r.token_ids = std::move(tokens);
-  return r;
-}
-
-StepRequest Decode(const std::string& id, int32_t token, int64_t seq_len) {
-  StepRequest r = Prefill(id, {token});
-  r.prefill = false;
-  r.expected_seq_len = seq_len;
-  return r;
-}
 
 std::vector<int32_t> PromptOf(int i, int n) {
   std::vector<int32_t> p = {1};
@@ -69,24 +54,7 @@ struct Recorder {
   std::vector<BatchView> batches;
 };
 
-// Runs `requests` on `node` from one thread each, queued in order while the
-// batcher is held, then released together.
-std::vector<StepResult> RunHeld(Node& node, std::vector<StepRequest> requests) {
-  std::vector<StepResult> out(requests.size());
-  std::vector<std::thread> threads;
-  node.batcher().Hold();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back([&, i] { out[i] = node.Step(requests[i]); });
-    node.batcher().WaitPending(static_cast<int64_t>(i) + 1);  // queued in this order
-  }
-  node.batcher().Resume();
-  for (auto& t : threads) t.join();
-  return out;
-}
-
 StepResult StepOf(Node& node, StepRequest r) { return node.Step(r); }
-
-const shard::TailOutput& Tail(const StepResult& r) { return std::get<shard::TailOutput>(r); }
 
 void ExpectLogitsNear(const StepResult& got, const StepResult& want, const std::string& what) {
   ASSERT_TRUE(std::holds_alternative<shard::TailOutput>(got)) << what;
