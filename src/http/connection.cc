@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/host_port.h"
+
 namespace meshnet::http {
 namespace {
 
@@ -36,17 +38,6 @@ void Describe(const sockaddr_storage& a, socklen_t len, std::string* ip, int* po
   if (ip->rfind("::ffff:", 0) == 0 && ip->find('.') != std::string::npos) *ip = ip->substr(7);
 }
 
-// IPv4 (and IPv4-mapped) addresses count one by one; an IPv6 client usually
-// holds a whole /64, so that is the unit.
-std::string PeerKey(const sockaddr_storage& a, const std::string& ip) {
-  if (a.ss_family != AF_INET6 || ip.find(':') == std::string::npos) return ip;
-  in6_addr prefix = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
-  std::memset(prefix.s6_addr + 8, 0, 8);
-  char text[INET6_ADDRSTRLEN] = "";
-  inet_ntop(AF_INET6, &prefix, text, sizeof text);
-  return std::string(text) + "/64";
-}
-
 std::string CannedResponse(const Refusal& r, const RefusalBody& render) {
   const auto [type, body] = render(r);
   return "HTTP/1.1 " + std::to_string(r.status) + " " + StatusReason(r.status) +
@@ -66,7 +57,7 @@ Connection::Connection(int fd, SSL* ssl, const ConnectionLimits& limits)
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &local_len) == 0) {
     Describe(local, local_len, &local_ip_, &local_port_);
   }
-  peer_key_ = PeerKey(peer, peer_ip_);
+  peer_key_ = AddressKey(peer_ip_);  // an IPv4 address, or an IPv6 /64
   stage_ = ssl_ != nullptr ? Stage::kHandshake : Stage::kHead;
   deadline_ =
       Clock::now() + Seconds(ssl_ != nullptr ? limits_.head_timeout_s : limits_.idle_timeout_s);

@@ -94,4 +94,38 @@ std::string PeerHost(std::string_view peer) {
   return std::string(colon == std::string_view::npos ? peer : peer.substr(0, colon));
 }
 
+std::string AddressKey(std::string_view ip) {
+  const std::string text(ip);
+  in_addr a4{};
+  if (inet_pton(AF_INET, text.c_str(), &a4) == 1) return text;
+  in6_addr a6{};
+  if (inet_pton(AF_INET6, text.c_str(), &a6) != 1) return text;
+  char out[INET6_ADDRSTRLEN] = "";
+  if (IN6_IS_ADDR_V4MAPPED(&a6)) {
+    std::memcpy(&a4, &a6.s6_addr[12], 4);
+    inet_ntop(AF_INET, &a4, out, sizeof out);
+    return out;
+  }
+  std::memset(a6.s6_addr + 8, 0, 8);
+  inet_ntop(AF_INET6, &a6, out, sizeof out);
+  return std::string(out) + "/64";
+}
+
+std::string PeerAddressKey(std::string_view peer) {
+  const std::string host = PeerHost(peer);
+  std::string_view ip = host;
+  if (ip.rfind("ipv4:", 0) != 0 && ip.rfind("ipv6:", 0) != 0) return host;
+  ip.remove_prefix(5);
+  // gRPC writes the brackets of an IPv6 peer as they are or %-encoded.
+  for (const std::string_view open : {"[", "%5B", "%5b"}) {
+    if (ip.rfind(open, 0) == 0) ip.remove_prefix(open.size());
+  }
+  for (const std::string_view close : {"]", "%5D", "%5d"}) {
+    if (ip.size() >= close.size() && ip.substr(ip.size() - close.size()) == close) {
+      ip.remove_suffix(close.size());
+    }
+  }
+  return AddressKey(ip.substr(0, ip.find('%')));  // without a zone ("%25eth0")
+}
+
 }  // namespace meshnet

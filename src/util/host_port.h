@@ -32,4 +32,17 @@ std::string CanonicalHostPort(std::string_view address);
 // Thread-safety: pure function.
 std::string PeerHost(std::string_view peer);
 
+// The unit a per-address limit counts as one client: an IPv4 address itself,
+// an IPv6 address's /64 ("2001:db8:1:2::/64": an IPv6 client usually holds
+// a whole /64). `ip` is a numeric address; an IPv4-mapped IPv6 address counts
+// as its IPv4 address; anything else is returned unchanged.
+// Thread-safety: pure function.
+std::string AddressKey(std::string_view ip);
+
+// AddressKey of a gRPC peer string: "ipv4:10.0.0.7:5123" -> "10.0.0.7",
+// "ipv6:[2001:db8::1]:5123" -> "2001:db8::/64"; another peer ("unix:...")
+// is its PeerHost.
+// Thread-safety: pure function.
+std::string PeerAddressKey(std::string_view peer);
+
 }  // namespace meshnet

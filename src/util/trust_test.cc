@@ -85,5 +85,23 @@ TEST(CanonicalHostPort, OneSpellingPerSocket) {
   }
 }
 
+// Per-address limits count an IPv4 address, or an IPv6 /64 (which one client
+// usually holds whole), as one client, however gRPC spells the peer.
+TEST(AddressKey, OneKeyPerIpv4AddressOrIpv6Slash64) {
+  EXPECT_EQ(AddressKey("10.0.0.7"), "10.0.0.7");
+  EXPECT_EQ(AddressKey("::ffff:10.0.0.7"), "10.0.0.7");
+  EXPECT_EQ(AddressKey("2001:db8:1:2::1"), "2001:db8:1:2::/64");
+  EXPECT_EQ(AddressKey("2001:db8:1:2:ffff:1:2:3"), "2001:db8:1:2::/64");
+  EXPECT_NE(AddressKey("2001:db8:1:3::1"), AddressKey("2001:db8:1:2::1"));
+  EXPECT_EQ(AddressKey("not an address"), "not an address");
+  EXPECT_EQ(PeerAddressKey("ipv4:10.0.0.7:5123"), "10.0.0.7");
+  EXPECT_NE(PeerAddressKey("ipv4:10.0.0.8:5123"), PeerAddressKey("ipv4:10.0.0.7:5123"));
+  EXPECT_EQ(PeerAddressKey("ipv6:[2001:db8:1:2::9]:5123"), "2001:db8:1:2::/64");
+  EXPECT_EQ(PeerAddressKey("ipv6:%5B2001:db8:1:2:a:b:c:d%5D:5123"), "2001:db8:1:2::/64");
+  EXPECT_EQ(PeerAddressKey("ipv6:%5B::ffff:10.0.0.7%5D:5123"), "10.0.0.7");
+  EXPECT_EQ(PeerAddressKey("ipv6:%5Bfe80::1%25eth0%5D:5123"), "fe80::/64");
+  EXPECT_EQ(PeerAddressKey("unix:/tmp/s"), "unix");
+}
+
 }  // namespace
 }  // namespace meshnet
