@@ -33,7 +33,8 @@ namespace {
 constexpr double kMaxWaitS = 60.0;
 
 // Calls in progress, at most `total` at once and `per_peer` per caller
-// address; TryEnter refuses at once when either is reached.
+// (PeerAddressKey: an IPv4 address or an IPv6 /64); TryEnter refuses at once
+// when either is reached.
 class CallSlots {
  public:
   CallSlots(int total, int per_peer) : total_(total), per_peer_(per_peer) {}
@@ -121,7 +122,7 @@ class RegistryService final
       : reg_(reg),
         token_digest_(o.auth_token.empty() ? "" : SecretDigest(BearerValue(o.auth_token))),
         verifying_(o.max_verifying, o.max_verifying_per_peer),
-        waits_(1 << 30, o.max_waits_per_peer),
+        waits_(std::min(o.max_waits, std::max(1, o.max_rpc_threads / 4)), o.max_waits_per_peer),
         workers_(std::max(1, o.max_verifying)) {}
 
   grpc::ServerUnaryReactor* Announce(grpc::CallbackServerContext* ctx,
@@ -133,7 +134,7 @@ class RegistryService final
           grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong cluster token"));
       return reactor;
     }
-    const std::string peer = PeerHost(ctx->peer());
+    const std::string peer = PeerAddressKey(ctx->peer());
     if (!verifying_.TryEnter(peer)) {
       Fail(ctx, reactor,
            Error(ErrorKind::kResourceExhausted,
@@ -185,9 +186,10 @@ class RegistryService final
   grpc::Status WaitForChange(grpc::ServerContext* ctx, const pb::RegistryWaitRequest* req,
                              pb::RegistryWaitResponse* out) override {
     return Run(ctx, [&] {
-      const std::string peer = PeerHost(ctx->peer());
+      const std::string peer = PeerAddressKey(ctx->peer());
       if (!waits_.TryEnter(peer)) {
-        throw Error(ErrorKind::kResourceExhausted, "too many long polls from " + peer);
+        throw Error(ErrorKind::kResourceExhausted,
+                    "too many long polls (from " + peer + " or all); retry later");
       }
       struct Leave {
         CallSlots* slots;
@@ -208,6 +210,7 @@ class RegistryService final
     });
   }
   int64_t announces_refused() const { return verifying_.refused(); }
+  int64_t long_polls_refused() const { return waits_.refused(); }
 
  private:
   static registry::Lease LeaseOf(int64_t id, const std::string& secret) {
@@ -247,7 +250,7 @@ void RegistryServerOptions::Validate() const {
   if (tls_cert.empty() != tls_key.empty()) {
     ThrowInvalidArgument("--tls-cert and --tls-key go together");
   }
-  if (max_verifying < 1 || max_verifying_per_peer < 1 || max_waits_per_peer < 1) {
+  if (max_verifying < 1 || max_verifying_per_peer < 1 || max_waits < 1 || max_waits_per_peer < 1) {
     ThrowInvalidArgument("registry call limits must be >= 1");
   }
   node_client.Validate();
@@ -340,6 +343,7 @@ RegistryServer::~RegistryServer() { Shutdown(); }
 registry::MemoryRegistry& RegistryServer::registry() { return impl_->reg; }
 std::string RegistryServer::bound_address() const { return impl_->bound; }
 int64_t RegistryServer::announces_refused() const { return impl_->service.announces_refused(); }
+int64_t RegistryServer::long_polls_refused() const { return impl_->service.long_polls_refused(); }
 
 void RegistryServer::Start() {
   Impl& m = *impl_;

@@ -13,10 +13,14 @@
 // caller gets PERMISSION_DENIED.
 //
 // Announcements are verified off the gRPC handler threads: at most
-// max_verifying at once and max_verifying_per_peer per caller address (more
-// get RESOURCE_EXHAUSTED at once), so callers announcing addresses that
-// never answer cannot take the threads heartbeats need. Long polls
-// (WaitForChange) are limited to max_waits_per_peer per caller address.
+// max_verifying at once and max_verifying_per_peer per caller (more get
+// RESOURCE_EXHAUSTED at once), so callers announcing addresses that never
+// answer cannot take the threads heartbeats need. Long polls (WaitForChange)
+// hold a handler thread each: at most max_waits at once (and never more than
+// a quarter of max_rpc_threads) and max_waits_per_peer per caller, more get
+// RESOURCE_EXHAUSTED at once, so waiting callers cannot take the threads
+// Renew and Announce need. A caller, for these limits, is an IPv4 address or
+// an IPv6 /64 (util/host_port.h: PeerAddressKey).
 //
 // Thread-safety: Start/Shutdown from one thread; registry() from any.
 #pragma once
@@ -43,6 +47,7 @@ struct RegistryServerOptions {
   int max_rpc_threads = 64;
   int max_verifying = 4;
   int max_verifying_per_peer = 2;
+  int max_waits = 16;  // long polls at once, all callers (capped at max_rpc_threads / 4)
   int max_waits_per_peer = 8;
 
   void Validate() const;
@@ -61,6 +66,8 @@ class RegistryServer {
   registry::MemoryRegistry& registry();
   // Announcements refused because too many were being verified.
   int64_t announces_refused() const;
+  // Long polls refused because too many were waiting.
+  int64_t long_polls_refused() const;
   // Stops serving (waiting long polls are cancelled). Idempotent.
   void Shutdown();
 

@@ -20,6 +20,7 @@
 #include "rpc/registry_client.h"
 #include "rpc/server.h"
 #include "rpc/test_util.h"
+#include "util/mutex.h"
 #include "util/signing_key.h"
 
 namespace meshnet::rpc {
@@ -288,6 +289,59 @@ TEST(RegistryServer, AnnounceFloodsDoNotStopHeartbeats) {
   EXPECT_GT(renewed, 0);
   EXPECT_GT(exhausted.load(), 0);
   EXPECT_EQ(reg.announces_refused(), exhausted.load());
+}
+
+// Issue 32 (audit): a long poll holds a handler thread while it waits, so
+// beyond max_waits at once (from any callers) they are refused at once, and a
+// node's heartbeat still gets a thread within its deadline. Every caller here
+// is 127.0.0.1, so the per-caller cap is set above the global one.
+TEST(RegistryServer, LongPollsDoNotStopHeartbeats) {
+  RegistryServerOptions o;
+  o.verify_nodes = false;  // the record names no real node
+  o.max_rpc_threads = 16;  // fewer handler threads than pollers
+  o.max_waits = 4;
+  o.max_waits_per_peer = 64;
+  RegistryServer reg(o);
+  reg.Start();
+  ClientOptions co;
+  co.info_timeout_s = 2.0;
+  RemoteRegistry client(reg.bound_address(), co);
+  const NodeRecord n = Rec("10.0.0.1:1", "m", 0, 4);
+  const registry::Lease lease = client.Announce(n, 30);
+  const int64_t since = client.List().revision;
+  constexpr int kPollers = 40;
+  Mutex mu;
+  CondVar refused_more(&mu);
+  int refused = 0;  // guarded by mu
+  std::vector<std::thread> pollers;
+  for (int i = 0; i < kPollers; ++i) {
+    pollers.emplace_back([&] {
+      try {
+        RemoteRegistry(reg.bound_address(), co).WaitForChange(since, 30);
+      } catch (const Error& e) {
+        MutexLock lock(&mu);
+        refused += e.kind() == ErrorKind::kResourceExhausted;
+        refused_more.SignalAll();
+      }
+    });
+  }
+  {  // every poller beyond the cap is refused at once (the admitted ones wait)
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    MutexLock lock(&mu);
+    while (refused < kPollers - o.max_waits && refused_more.WaitUntil(until)) {
+    }
+    EXPECT_EQ(refused, kPollers - o.max_waits);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    EXPECT_TRUE(client.Renew(lease, registry::testing::Signed(n)));  // a heartbeat
+  } catch (const Error& e) {
+    ADD_FAILURE() << "heartbeat failed while long polls wait: " << e.what();
+  }
+  EXPECT_LT(Since(t0), co.info_timeout_s);
+  reg.registry().Announce(Rec("10.0.0.2:1", "m", 0, 4), 30);  // a change: the polls end
+  for (auto& t : pollers) t.join();
+  EXPECT_EQ(reg.long_polls_refused(), kPollers - o.max_waits);
 }
 
 // The registry's own TLS listener, with client certificates: a client with
