@@ -11,6 +11,7 @@
 #include <chrono>
 #include <unordered_map>
 
+#include "http/request_checks.h"
 #include "registry/status.h"
 #include "registry/status_html.h"  // generated from status.html (CMake)
 #include "util/error.h"
@@ -95,6 +96,8 @@ class DeadlineStream final : public httplib::Stream {
 // `per_ip` connections of one client address at once (more are closed at
 // once). cpp-httplib 0.11 has neither (its timeouts are per read); it lets a
 // subclass serve a connection itself through its protected process_request.
+// Requests are normalized as the API's are (http::NormalizeRequest: at most
+// one range of a GET).
 class StatusHttpServer::GuardedServer final : public httplib::Server {
  public:
   GuardedServer(double deadline_s, int per_ip, size_t max_request_bytes)
@@ -118,7 +121,10 @@ class StatusHttpServer::GuardedServer final : public httplib::Server {
     if (Enter(ip)) {
       DeadlineStream stream(sock, Clock::now() + deadline_, max_request_bytes_);
       bool closed = false;
-      ok = process_request(stream, /*close_connection=*/true, closed, [](httplib::Request&) {});
+      // One range of a GET at most, as at the API's front door: thousands of
+      // ranges would build a multipart reply thousands of pages long.
+      ok = process_request(stream, /*close_connection=*/true, closed,
+                           [](httplib::Request& req) { http::NormalizeRequest(req); });
       Leave(ip);
     }
     shutdown(sock, SHUT_RDWR);

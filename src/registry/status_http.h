@@ -5,7 +5,9 @@
 // Hostile clients: one request per connection, which must arrive whole
 // within request_deadline_s and within max_request_bytes (a client dripping
 // bytes holds a thread for that long at most); at most max_per_ip
-// connections of one client address at once, more are closed at once.
+// connections of one client address at once, more are closed at once. A
+// Range header is honoured as one range of a GET only (http::NormalizeRequest;
+// several ranges get the whole page once).
 //
 // Thread-safety: Start/Stop from one thread; refused_connections from any.
 #pragma once

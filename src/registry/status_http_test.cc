@@ -92,5 +92,43 @@ TEST(StatusHttp, DripFedClientsDoNotBlockThePage) {
   EXPECT_GE(page.refused_connections(), kDrips - StatusHttpOptions{}.max_per_ip);
 }
 
+// Issue 32 (audit): `Range: bytes=0-,0-,...` asked for a multipart reply
+// with a copy of the page per range, built in memory. The page honours one
+// range of a GET at most (http::NormalizeRequest, as the API does).
+TEST(StatusHttp, ManyRangesGetOnePage) {
+  MemoryRegistry reg;
+  StatusHttpServer page(&reg);
+  const std::string bound = page.Start("127.0.0.1:0");
+  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(5, 0);
+  const auto plain = cli.Get("/");
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200);
+  const size_t page_bytes = plain->body.size();
+  ASSERT_GT(page_bytes, 1000u);
+  std::string ranges = "bytes=0-";
+  for (int i = 1; i < 2700; ++i) ranges += ",0-";
+  for (const char* path : {"/", "/status.json"}) {
+    const int fd = DialFrom("127.0.0.1", port);
+    const std::string request = std::string("GET ") + path +
+                                " HTTP/1.1\r\nHost: x\r\nRange: " + ranges +
+                                "\r\nConnection: close\r\n\r\n";
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    std::string reply;
+    char buf[16384];
+    for (ssize_t n; reply.size() < 64 * page_bytes && (n = recv(fd, buf, sizeof buf, 0)) > 0;) {
+      reply.append(buf, static_cast<size_t>(n));  // ends when the server closes
+    }
+    close(fd);
+    const std::string status = reply.substr(0, reply.find("\r\n"));
+    EXPECT_TRUE(status == "HTTP/1.1 200 OK" || status == "HTTP/1.1 206 Partial Content")
+        << path << ": " << status;
+    EXPECT_EQ(reply.find("multipart/byteranges"), std::string::npos) << path;
+    EXPECT_LT(reply.size(), 2 * page_bytes) << path << ": a reply of " << reply.size() << " bytes";
+  }
+}
+
 }  // namespace
 }  // namespace meshnet::registry
