@@ -369,6 +369,12 @@ bool EtcdRegistry::Renew(const Lease& held_lease, const NodeRecord& record) {
     throw Error(ErrorKind::kPermissionDenied,
                 "a renewal may not change what " + record.address + " serves");
   }
+  // A renewal is newer than the node's own record it replaces (what another
+  // writer put there proves nothing).
+  if (RecordSignatureValid(prev) && record.signed_at_ms <= prev.signed_at_ms) {
+    throw Error(ErrorKind::kPermissionDenied,
+                "renewal of " + record.address + " refused: not newer than the held record");
+  }
   const nlohmann::json ka = Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
   if (Int(ka.value("result", nlohmann::json::object()), "TTL") <= 0) return false;
   Put(key, record, lease);

@@ -154,9 +154,11 @@ bool MemoryRegistry::Renew(const Lease& lease, const NodeRecord& record) {
                 "lease " + std::to_string(lease.id) + " holds " + held->address +
                     "'s announcement; a renewal may not change what the node serves");
   }
-  if (record.signed_at_ms < held->signed_at_ms) {
+  // As for announcements: a renewal is newer than the record it replaces (a
+  // replayed renewal is refused).
+  if (record.signed_at_ms <= held->signed_at_ms) {
     throw Error(ErrorKind::kPermissionDenied,
-                "renewal of " + record.address + " refused: older than the held record");
+                "renewal of " + record.address + " refused: not newer than the held record");
   }
   expiry_.erase(l->expiry);
   l->expiry = expiry_.emplace(std::chrono::steady_clock::now() + Seconds(l->ttl_s), lease.id);

@@ -55,7 +55,8 @@ class Registry {
   // draining flag: the owner's to set and clear). False when the lease is
   // gone (expired, revoked, or replaced by a newer announcement): announce
   // again. kPermissionDenied for a wrong lease secret, an unsigned record,
-  // or one whose identity (NodeRecord::SameIdentity) differs from the held one.
+  // one whose identity (NodeRecord::SameIdentity) differs from the held one,
+  // or one signed no later than the held one (a replay).
   virtual bool Renew(const Lease& lease, const NodeRecord& record) = 0;
   // Ends the lease and removes its record (best effort for a lease already
   // gone). kPermissionDenied for a wrong lease secret.

@@ -73,7 +73,7 @@ inline void RenewAcrossRestart(Registry& r, const Lease& lease, const NodeRecord
   bool renewed = false;
   while (!renewed && Since(t0) < 20) {
     try {
-      renewed = r.Renew(lease, n);
+      renewed = r.Renew(lease, Signed(n));  // every heartbeat signs anew
       ASSERT_TRUE(renewed) << "the lease did not survive the restart";
     } catch (const Error& e) {
       ASSERT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();  // e.g. never kPermissionDenied
@@ -138,6 +138,7 @@ TYPED_TEST_P(RegistryContract, RenewUpdatesLoadAndRefusesIdentityChange) {
   const Lease lease = r.Announce(n, 30);
   n.kv_bytes_free = 1234;  // load: not signed
   n.in_flight_steps = 3;
+  n = Signed(n);  // a heartbeat's record is signed anew
   ASSERT_TRUE(r.Renew(lease, n));
   const Snapshot s = r.List("m");
   ASSERT_EQ(s.nodes.size(), 1u);
@@ -165,7 +166,7 @@ TYPED_TEST_P(RegistryContract, WithdrawAndReannounce) {
   EXPECT_NE(first.id, second.id);
   EXPECT_EQ(r.List("m").nodes.size(), 1u);
   EXPECT_FALSE(r.Renew(first, n));
-  EXPECT_TRUE(r.Renew(second, again));
+  EXPECT_TRUE(r.Renew(second, Signed(again)));
   r.Withdraw(second);
   EXPECT_TRUE(r.List("m").nodes.empty());
   EXPECT_FALSE(r.Renew(second, again));
@@ -206,7 +207,7 @@ TYPED_TEST_P(RegistryContract, HeartbeatsKeepALeaseAlive) {
   const Lease lease = r.Announce(n, ttl);
   const auto t0 = std::chrono::steady_clock::now();
   while (Since(t0) < 2.5 * ttl) {
-    ASSERT_TRUE(r.Renew(lease, n)) << "lease lost at " << Since(t0) << " s";
+    ASSERT_TRUE(r.Renew(lease, Signed(n))) << "lease lost at " << Since(t0) << " s";
     ASSERT_EQ(r.List("m").nodes.size(), 1u);
     r.WaitForChange(r.List().revision + 1000000, ttl / 4);  // a bounded pause
   }
@@ -326,7 +327,7 @@ TYPED_TEST_P(RegistryContract, LeasesBelongToTheirAnnouncer) {
       EXPECT_GT(*b - *a, 1000) << "lease ids close together: guessable";
     }
   }
-  EXPECT_TRUE(r.Renew(lease, n));
+  EXPECT_TRUE(r.Renew(lease, Signed(n)));
   if (this->backend_->LeaseSecrets()) {
     // Anyone may List; a listed record announced again (to take the lease
     // from its node, then withdraw it) is refused as a replay.
@@ -338,7 +339,7 @@ TYPED_TEST_P(RegistryContract, LeasesBelongToTheirAnnouncer) {
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
     }
-    EXPECT_TRUE(r.Renew(lease, n)) << "the node lost its lease";
+    EXPECT_TRUE(r.Renew(lease, Signed(n))) << "the node lost its lease";
   }
   // The same node key announced under another address: one record.
   NodeRecord moved = n;
@@ -350,11 +351,38 @@ TYPED_TEST_P(RegistryContract, LeasesBelongToTheirAnnouncer) {
   EXPECT_EQ(with_key, 1);
 }
 
+// A renewal is newer than the record it replaces (as an announcement is):
+// the announced record, an older one or an earlier renewal sent again is
+// refused as a replay; a heartbeat signed anew is not.
+TYPED_TEST_P(RegistryContract, ReplayedRenewalsAreRefused) {
+  Registry& r = *this->reg_;
+  const NodeRecord older = Rec("10.0.0.1:1", "m", 0, 4);
+  const NodeRecord announced = Signed(older);
+  const Lease lease = r.Announce(announced, 30);
+  auto expect_refused = [&](const NodeRecord& replay) {
+    try {
+      r.Renew(lease, replay);
+      ADD_FAILURE() << "a renewal signed at " << replay.signed_at_ms
+                    << " replaced a record signed no earlier";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kPermissionDenied) << e.what();
+    }
+  };
+  expect_refused(announced);
+  expect_refused(older);
+  const NodeRecord renewed = Signed(announced);
+  EXPECT_TRUE(r.Renew(lease, renewed));
+  expect_refused(renewed);
+  EXPECT_TRUE(r.Renew(lease, Signed(announced)));
+  ASSERT_EQ(r.List("m").nodes.size(), 1u);
+}
+
 REGISTER_TYPED_TEST_SUITE_P(RegistryContract, AnnouncedNodesAreListedByModel,
                             RenewUpdatesLoadAndRefusesIdentityChange, WithdrawAndReannounce,
                             BadRecordsAreRefused, UnrenewedLeaseExpiresWithinTtl,
                             HeartbeatsKeepALeaseAlive, WatchWakesOnChange,
                             TheOwnerSetsDrainingAndReplicasAreFound,
-                            UnsignedOrForgedRecordsAreRefused, LeasesBelongToTheirAnnouncer);
+                            UnsignedOrForgedRecordsAreRefused, LeasesBelongToTheirAnnouncer,
+                            ReplayedRenewalsAreRefused);
 
 }  // namespace meshnet::registry::testing
