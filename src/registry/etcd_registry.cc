@@ -116,6 +116,18 @@ ErrorKind KindOfAnswer(int64_t code, const std::string& msg) {
   return ErrorKind::kInvalidArgument;
 }
 
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Whether `r` was signed within the lease TTL cap (plus clock skew) of `now_ms`.
+bool SignedLately(const NodeRecord& r, int64_t now_ms) {
+  const auto max_age_ms = static_cast<int64_t>(kMaxLeaseTtlS * 1000) + kListClockSkewMs;
+  return r.signed_at_ms >= now_ms - max_age_ms && r.signed_at_ms <= now_ms + kListClockSkewMs;
+}
+
 // The first key after every key that starts with `prefix`.
 std::string RangeEnd(std::string prefix) {
   prefix.back() = static_cast<char>(prefix.back() + 1);
@@ -398,12 +410,16 @@ Snapshot EtcdRegistry::List(const std::string& model_id) {
       Call("/v3/kv/range", {{"key", B64(prefix)}, {"range_end", B64(RangeEnd(prefix))}});
   Snapshot s;
   s.revision = Int(j.value("header", nlohmann::json::object()), "revision");
+  const int64_t now_ms = NowMs();
   for (const auto& kv : j.value("kvs", nlohmann::json::array())) {
     try {
       NodeRecord r = RecordFromJson(nlohmann::json::parse(UnB64(kv.value("value", ""))));
       // Signed by its node key, under its own key: anything else was not
       // written by the node it names (etcd lets every writer write anything).
-      if (RecordSignatureValid(r) && UnB64(kv.value("key", "")) == Key(r)) {
+      // Under a lease and signed lately: an old record of a node, put back by
+      // a writer (with no lease, or a lease it keeps alive), is not a live node.
+      if (RecordSignatureValid(r) && UnB64(kv.value("key", "")) == Key(r) &&
+          Int(kv, "lease") != 0 && SignedLately(r, now_ms)) {
         s.nodes.push_back(std::move(r));
       }
     } catch (const std::exception&) {

@@ -84,7 +84,10 @@ class EtcdRegistry final : public Registry {
   bool Renew(const Lease& lease, const NodeRecord& record) override;
   void Withdraw(const Lease& lease) override;
   // Only records signed by the node key they carry, stored under their own
-  // key: a record any other etcd writer made or changed is left out.
+  // key: a record any other etcd writer made or changed is left out. And
+  // only records held under a lease and signed within kMaxLeaseTtlS plus
+  // kListClockSkewMs (registry.h): a node's old record put back by a writer
+  // (with no lease, or under a lease the writer keeps alive) is left out too.
   Snapshot List(const std::string& model_id = "") override;
   int64_t WaitForChange(int64_t since, double timeout_s) override;
 

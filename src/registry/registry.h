@@ -29,6 +29,14 @@ using LeaseId = int64_t;
 // whatever it asked for.
 inline constexpr double kMaxLeaseTtlS = 60.0;
 
+// A backend that cannot expire records by itself (etcd, where any writer can
+// put a node's old record back with no lease, or under a lease of its own)
+// lists a record only while its signed_at_ms is within kMaxLeaseTtlS plus
+// this clock skew before the lister's clock, and within the skew after it: a
+// node renews with a fresh signature every third of its TTL, so a record is
+// listed at most kMaxLeaseTtlS plus this skew after its node last signed it.
+inline constexpr int64_t kListClockSkewMs = 30000;
+
 // What Announce hands the announcer: the lease, the secret that every later
 // write to it must present (only the announcer knows it), and the TTL
 // granted (at most kMaxLeaseTtlS).

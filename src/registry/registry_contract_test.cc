@@ -91,6 +91,24 @@ TEST(EtcdRegistry, PrefixesAreSeparate) {
   EXPECT_TRUE(b.List().nodes.empty());
 }
 
+std::string B64(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  out.resize(EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                             reinterpret_cast<const unsigned char*>(in.data()),
+                             static_cast<int>(in.size())));
+  return out;
+}
+
+// What any etcd writer can do: put `rec` under `key`, with `lease` (0: none).
+void PutRaw(EtcdServer& server, const std::string& key, const NodeRecord& rec,
+            const std::string& lease = "0") {
+  httplib::Client cli("127.0.0.1", server.port());
+  const nlohmann::json body = {
+      {"key", B64(key)}, {"value", B64(ToJson(rec).dump())}, {"lease", lease}};
+  const auto res = cli.Post("/v3/kv/put", body.dump(), "application/json");
+  ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+}
+
 // etcd lets every writer write any key: a record a writer made up (under an
 // impostor's key, or a real record edited to "draining") is not listed; the
 // node's own record, written by the node, is.
@@ -100,18 +118,8 @@ TEST(EtcdRegistry, RecordsNotSignedByTheirNodeAreNotListed) {
   EtcdRegistry r(ParseEtcdUrl(server.url("/p")));
   const NodeRecord honest = Rec("10.0.0.1:1", "m", 0, 4);
   r.Announce(honest, 30);
-  auto b64 = [](const std::string& in) {
-    std::string out(4 * ((in.size() + 2) / 3), '\0');
-    out.resize(EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                               reinterpret_cast<const unsigned char*>(in.data()),
-                               static_cast<int>(in.size())));
-    return out;
-  };
   auto put = [&](const std::string& key, const NodeRecord& rec) {
-    httplib::Client cli("127.0.0.1", server.port());
-    const nlohmann::json body = {{"key", b64(key)}, {"value", b64(ToJson(rec).dump())}};
-    const auto res = cli.Post("/v3/kv/put", body.dump(), "application/json");
-    ASSERT_TRUE(res && res->status == 200);
+    ASSERT_NO_FATAL_FAILURE(PutRaw(server, key, rec));
   };
   NodeRecord edited = honest;
   edited.draining = true;  // not re-signed: the writer has no node key
@@ -126,6 +134,44 @@ TEST(EtcdRegistry, RecordsNotSignedByTheirNodeAreNotListed) {
   const auto listed = r.List("m").nodes;
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_FALSE(listed[0].draining);
+}
+
+// A node's own, validly signed record outlives its node only as long as a
+// lease would: put back by a writer with no lease, or under a lease the
+// writer keeps alive but signed longer ago than the TTL cap plus clock skew
+// (or dated ahead), it is not listed.
+TEST(EtcdRegistry, StaleOrLeaselessRecordsAreNotListed) {
+  EtcdServer server;
+  MESHNET_REQUIRE_ETCD(server);
+  EtcdRegistry r(ParseEtcdUrl(server.url("/p")));
+  const NodeRecord honest = Rec("10.0.0.1:1", "m", 0, 4);
+  const std::string key = "/p/nodes/m/10.0.0.1:1";
+  r.Withdraw(r.Announce(honest, 30));  // the node stopped (or its lease expired)
+  ASSERT_TRUE(r.List("m").nodes.empty());
+  ASSERT_NO_FATAL_FAILURE(PutRaw(server, key, honest));  // back, with no lease
+  EXPECT_TRUE(r.List("m").nodes.empty()) << "a record with no lease is listed";
+  httplib::Client cli("127.0.0.1", server.port());
+  const auto granted = cli.Post("/v3/lease/grant", R"({"TTL": 60})", "application/json");
+  ASSERT_TRUE(granted && granted->status == 200);
+  const std::string writers_lease = nlohmann::json::parse(granted->body).value("ID", "");
+  ASSERT_FALSE(writers_lease.empty());
+  auto signed_at = [](NodeRecord rec, int64_t ms) {  // signed by the node, at `ms`
+    rec.signed_at_ms = ms;
+    rec.signature = KeyFor(rec.address).Sign(RecordSignedText(rec));
+    return rec;
+  };
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const auto window_ms = static_cast<int64_t>(kMaxLeaseTtlS * 1000) + kListClockSkewMs;
+  for (const int64_t at :
+       {now - window_ms - 10000, now - 3600000, now + kListClockSkewMs + 10000}) {
+    ASSERT_NO_FATAL_FAILURE(PutRaw(server, key, signed_at(honest, at), writers_lease));
+    EXPECT_TRUE(r.List("m").nodes.empty())
+        << "a record signed " << (now - at) / 1000 << " s ago is listed under a writer's lease";
+  }
+  r.Announce(Signed(honest), 30);  // the node's next announcement is listed again
+  EXPECT_EQ(r.List("m").nodes.size(), 1u);
 }
 
 TEST(EtcdRegistry, LeasesAndRecordsSurviveARestart) {
