@@ -5,17 +5,18 @@
 //
 // A tile is R weight rows x T tokens (decode: 1 x 1; batches: 2 x 4), its
 // R*T float accumulators held in registers (one per output, blocks in order,
-// so that a row's result does not depend on the tile it is computed in): each weight block is decoded
-// once per tile and reused for the T tokens, each activation block loaded once
-// and reused for the R rows. Per block, the integer dot (exact: vpmaddubsw,
-// then vpmaddwd into int32) is converted and scaled by d_w * d_x into float
-// lanes, as in GGML. The blocks are taken in groups of 8: the group's weight
-// scales (and Q4_1/Q5_1 offsets) are gathered and converted by one vcvtph2ps
-// per row, multiplied by the T tokens' 8 activation scales in one vector
-// product each, and the offset terms (m * d_x*sum(q), see matmul_x86-inl.h)
-// go into the accumulators with one FMA per row, token and group. So the
-// per-block work is the decode (per row), the activation load (per token) and
-// four or five integer/float operations per row and token.
+// so that a row's result does not depend on the tile it is computed in): each
+// weight block is decoded once per tile and reused for the T tokens, each
+// activation block loaded once and reused for the R rows. Per block, the
+// integer dot (exact: vpmaddubsw, then vpmaddwd into int32) is converted and
+// scaled by d_w * d_x into float lanes, as in GGML. The blocks are taken in
+// groups of 8: the group's weight scales (and Q4_1/Q5_1 offsets) are gathered
+// and converted by one vcvtph2ps per row, multiplied by the T tokens' 8
+// activation scales in one vector product each, and the offset terms
+// (m * d_x*sum(q), see matmul_x86-inl.h) go into the accumulators with one FMA
+// per row, token and group. So the per-block work is the decode (per row), the
+// activation load (per token) and four or five integer/float operations per
+// row and token.
 //
 // Per-target include guard (Highway's -inl.h convention).
 #if defined(MESHNET_OPS_MATMUL_X86_B32_INL_H_) == defined(HWY_TARGET_TOGGLE)
