@@ -23,6 +23,7 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/drain.h"
+#include "rpc/remote.h"
 #include "rpc/server.h"
 #include "rpc/test_util.h"
 #include "util/error.h"
@@ -39,9 +40,9 @@ const std::string kSecret = "the-secret";
 const std::string kToken = "cluster-token";
 const std::string kAdmin = "admin-token";
 
-std::unique_ptr<node::Node> FullNode() {
+std::unique_ptr<node::Node> FullNode(node::LayerRange layers = {0, 4}) {
   node::NodeOptions o;
-  o.layers = node::LayerRange{0, 4};
+  o.layers = layers;
   o.kv_config.budget_bytes = 16 << 20;
   o.kv_config.block_tokens = 4;
   o.kv_config.max_sessions = 16;
@@ -74,8 +75,9 @@ struct Source {
 };
 
 struct Target {
-  explicit Target(const std::string& token = kToken, const std::string& admin = "")
-      : node(FullNode()) {
+  explicit Target(const std::string& token = kToken, const std::string& admin = "",
+                  node::LayerRange layers = {0, 4})
+      : node(FullNode(layers)) {
     NodeServerOptions o;
     o.auth_token = token;
     o.admin_token = admin;
@@ -219,6 +221,21 @@ TEST(DrainTrust, ARealNodeOfAnotherClusterOrKeyOrRangeGetsNothing) {
       1);
 }
 
+// A real node of this cluster, proving its own key, but serving other layers
+// (or, alike, another model or KV recipe) gets no session: it is no replica.
+TEST(DrainTrust, ARealNodeOfAnotherRangeGetsNothing) {
+  Target head(kToken, "", {0, 2});
+  Source src;
+  src.AddSessions(2);
+  const DrainReport r =
+      src.DrainTo({{head.server->bound_address(), head.server->node_key().public_key()}});
+  EXPECT_EQ(r.moved, 0);
+  EXPECT_EQ(head.imported(), 0);
+  std::string notes;
+  for (const auto& n : r.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("is not a replica of this node's layers 0-4"), std::string::npos) << notes;
+}
+
 // Without a token on the pusher, the target still has to prove its key and
 // address; an import without token or peer proof is refused by a node that
 // has a token.
@@ -248,7 +265,20 @@ TEST(AdminCalls, NeedTheAdminTokenNotTheClusterToken) {
   }
   const DrainReport r = RequestDrain(node.server->bound_address(), {}, co, kAdmin);
   EXPECT_EQ(r.sessions, 0);
+  ClientOptions member = co;
+  member.auth_token = kToken;
+  RemoteEndpoint client(node.server->bound_address(), member);
+  auto prompt = [&] {
+    node::StepRequest step;
+    step.session_id = node::RandomId128();
+    step.session_secret = kSecret;
+    step.prefill = true;
+    step.token_ids = kPrompt;
+    return client.Step(std::move(step));
+  };
+  EXPECT_THROW(prompt(), Error) << "a draining node takes no new session";
   EXPECT_TRUE(RequestUndrain(node.server->bound_address(), co, kAdmin));
+  EXPECT_TRUE(std::holds_alternative<shard::TailOutput>(prompt())) << "undrain reopens the node";
   EXPECT_FALSE(RequestUndrain(node.server->bound_address(), co, kAdmin));
 
   Target open("", "");  // no token, no admin token
