@@ -353,27 +353,21 @@ void LlamaShard::ForwardRows(float* hidden, int64_t n, std::span<const BatchSlic
 }
 
 void LlamaShard::Logits(const float* hidden_row, float* logits) const {
-  if (!role_.is_tail()) {
-    throw Error(ErrorKind::kBoundaryContract,
-                "only the tail shard owns the final norm and LM head");
-  }
-  std::unique_ptr<Workspace> ws = Acquire(1);
-  (ggml_parity_ ? ops::RmsNormGgml : ops::RmsNorm)(
-      hidden_row, weights_.output_norm(), 1, hparams_.n_embd, hparams_.rms_eps, ws->xb.data());
-  Mm(ggml_parity_, Matrix(weights_.output()), ws->xb.data(), 1, logits, ws->mm.data(), pool_);
-  Return(std::move(ws));
+  LogitsRows(hidden_row, 1, logits);
 }
 
+// In ggml parity mode the final norm and the LM head take llama.cpp's
+// arithmetic here too (the node's batcher finishes sessions through this).
 void LlamaShard::LogitsRows(const float* hidden_rows, int64_t n, float* logits) const {
   if (!role_.is_tail()) {
     throw Error(ErrorKind::kBoundaryContract,
                 "only the tail shard owns the final norm and LM head");
   }
   std::unique_ptr<Workspace> ws = Acquire(n);
-  ops::RmsNorm(hidden_rows, weights_.output_norm(), n, hparams_.n_embd, hparams_.rms_eps,
-               ws->xb.data());
-  ops::MatMul(Matrix(weights_.output()), ws->xb.data(), n, logits, ws->mm.data(),
-              pool_);  // (n, vocab)
+  (ggml_parity_ ? ops::RmsNormGgml : ops::RmsNorm)(
+      hidden_rows, weights_.output_norm(), n, hparams_.n_embd, hparams_.rms_eps, ws->xb.data());
+  Mm(ggml_parity_, Matrix(weights_.output()), ws->xb.data(), n, logits, ws->mm.data(),
+     pool_);  // (n, vocab)
   Return(std::move(ws));
 }
 
