@@ -458,14 +458,6 @@ HWY_INLINE bool TwoChains(const WeightMatrix& w) {
   return !kWideRegs && w.cols >= kAlignFrom * static_cast<int64_t>(hn::Lanes(DF()));
 }
 
-// Rows [r0, r0+R) x tokens [t0, t0+T) of y, each weight vector loaded once
-// for the T tokens and each activation vector once for the R rows. Every
-// output sums in one order, whatever the tile shape: the row's vectors (its
-// masked head, AlignedHead; its whole vectors; its masked last one) go into
-// one accumulator, or by turns into two (kTwo; the first vector into
-// the first), which are then added and their lanes summed. So a row's result
-// is the same bits alone (decode) or in any batch. The rows of a tile must
-// share their head (RowsShareAlignment, or R == 1).
 // The vector at element `at` of R rows x T tokens into acc (kMasked: the
 // lanes outside m read as zero).
 template <class WT, bool kRound, int R, int T, bool kMasked>
@@ -484,6 +476,14 @@ HWY_INLINE void FloatVecInto(const WT* const (&rows)[R], const float* const (&xs
   }
 }
 
+// Rows [r0, r0+R) x tokens [t0, t0+T) of y, each weight vector loaded once
+// for the T tokens and each activation vector once for the R rows. Every
+// output sums in one order, whatever the tile shape: the row's vectors (its
+// masked head, AlignedHead; its whole vectors; its masked last one) go into
+// one accumulator, or by turns into two (kTwo; the first vector into
+// the first), which are then added and their lanes summed. So a row's result
+// is the same bits alone (decode) or in any batch. The rows of a tile must
+// share their head (RowsShareAlignment, or R == 1).
 template <class WT, bool kRound, int R, int T, bool kTwo>
 HWY_INLINE void FloatTile(const WeightMatrix& w, int64_t r0, int64_t t0, const float* x, float* y) {
   const DF df;
