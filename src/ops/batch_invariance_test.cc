@@ -11,14 +11,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "ops/hwy_test_util.h"
 #include "ops/matmul.h"
-#include "ops/matmul_kernels.h"
-#include "ops/quantize.h"
+#include "ops/matmul_test_util.h"
 #include "util/thread_pool.h"
 
 namespace meshnet::ops {
@@ -29,43 +27,10 @@ constexpr GgmlType kAllTypes[] = {
     GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K,
     GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,   GgmlType::kIQ4_XS};
 
-// A quantized matrix of normal weights, with its packed layout when `packed`
-// and the type has one (targets without a packed kernel ignore it).
-struct Matrix {
-  std::vector<uint8_t> bytes, packed_bytes;
-  WeightMatrix w;
-};
-
-Matrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed, bool packed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 0.5f);
-  Matrix m;
-  const int64_t rb = RowBytes(type, cols);
-  m.bytes.resize(static_cast<size_t>(rb * rows));
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (auto& v : row) v = dist(rng) * (1.0f + static_cast<float>(r % 3));
-    QuantizeRow(type, row.data(), cols, m.bytes.data() + r * rb);
-  }
-  m.w = WeightMatrix{type, m.bytes.data(), rows, cols};
-  const int64_t group = internal::PackedGroupBytes(type, cols);
-  if (packed && group > 0 && rows >= 16) {
-    m.packed_bytes.resize(static_cast<size_t>(rows / 16 * group) + 64);
-    void* at =
-        m.packed_bytes.data() + (64 - reinterpret_cast<uintptr_t>(m.packed_bytes.data()) % 64);
-    PackWeights(m.w, at);
-    m.w.packed = at;
-  }
-  return m;
-}
-
-std::vector<float> Tokens(int64_t n, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n * cols));
-  for (auto& v : x) v = dist(rng);
-  return x;
-}
+using testing::MakeWeights;
+using testing::Pack;
+using testing::RandomActs;
+using testing::Weights;
 
 std::vector<float> Multiply(const WeightMatrix& w, const float* x, int64_t n, ThreadPool* pool) {
   std::vector<float> y(static_cast<size_t>(n * w.rows));
@@ -79,7 +44,8 @@ std::vector<float> Multiply(const WeightMatrix& w, const float* x, int64_t n, Th
 void CheckInvariant(const WeightMatrix& w, ThreadPool* pool) {
   const char* name = GgmlTypeInfoOf(w.type).name.data();
   constexpr int64_t kTokens = 33;
-  const std::vector<float> x = Tokens(kTokens, w.cols, static_cast<uint32_t>(w.rows * 7 + w.cols));
+  const std::vector<float> x =
+      RandomActs(kTokens, w.cols, static_cast<uint32_t>(w.rows * 7 + w.cols));
   std::vector<std::vector<float>> solo(kTokens);
   for (int64_t t = 0; t < kTokens; ++t) solo[t] = Multiply(w, x.data() + t * w.cols, 1, nullptr);
   for (int64_t n : {2, 5, 16, 33}) {
@@ -110,7 +76,9 @@ TEST(BatchInvariance, EveryTypeEveryTargetEveryBatchSize) {
       if (block == 1) shapes.push_back({19, 100});  // a ragged vector tail
       for (auto [rows, cols] : shapes) {
         for (bool packed : {false, true}) {
-          const Matrix m = MakeMatrix(type, rows, cols, static_cast<uint32_t>(rows + cols), packed);
+          Weights m = MakeWeights(type, rows, cols, static_cast<uint32_t>(rows + cols));
+          std::vector<uint8_t> packed_bytes;
+          if (packed) Pack(m, packed_bytes);
           CheckInvariant(m.w, nullptr);
           CheckInvariant(m.w, &pool);
           if (HasFatalFailure()) return;
@@ -128,7 +96,7 @@ TEST(BatchInvariance, FloatRowsAtEveryAlignment) {
   ForEachSimdTarget([&] {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
       const int64_t elem = RowBytes(type, 1);
-      const Matrix m = MakeMatrix(type, 5, 515, 3, false);
+      const Weights m = MakeWeights(type, 5, 515, 3);
       for (int64_t off = 0; off < 64; off += elem) {
         std::vector<uint8_t> buf(m.bytes.size() + 128);
         uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) + off;

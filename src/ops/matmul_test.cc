@@ -10,6 +10,7 @@
 
 #include "ops/hwy_test_util.h"
 #include "ops/matmul_kernels.h"
+#include "ops/matmul_test_util.h"
 #include "ops/quantize.h"
 #include "util/dtype.h"
 #include "util/thread_pool.h"
@@ -17,32 +18,10 @@
 namespace meshnet::ops {
 namespace {
 
-struct Weights {
-  std::vector<uint8_t> bytes;
-  WeightMatrix w;
-  std::vector<float> dequant;  // (rows, cols) exact decoded values
-};
-
-Weights MakeWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 0.5f);
-  Weights out;
-  const int64_t rb = RowBytes(type, cols);
-  out.bytes.resize(static_cast<size_t>(rb * rows));
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    // Rows with different magnitudes, and an all-zero row.
-    const float scale = (r % 7 == 3) ? 0.0f : 1.0f + static_cast<float>(r % 5);
-    for (auto& v : row) v = scale * dist(rng);
-    QuantizeRow(type, row.data(), cols, out.bytes.data() + r * rb);
-  }
-  out.w = WeightMatrix{type, out.bytes.data(), rows, cols};
-  out.dequant.resize(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    DequantizeRow(type, out.bytes.data() + r * rb, cols, out.dequant.data() + r * cols);
-  }
-  return out;
-}
+using testing::MakeWeights;
+using testing::Pack;
+using testing::RandomActs;
+using testing::Weights;
 
 // Uniformly random block bytes (every code, scale and sign bit pattern,
 // e.g. Q8_0's -128 that no quantizer writes) with the f16 scale fields set to
@@ -90,15 +69,6 @@ Weights RandomBitWeights(GgmlType type, int64_t rows, int64_t cols, uint32_t see
   return out;
 }
 
-std::vector<float> RandomActs(int64_t n_tokens, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n_tokens * cols));
-  for (auto& v : x) v = dist(rng);
-  if (cols >= 64) x[5] = 25.0f;  // an outlier coarsens one activation block
-  return x;
-}
-
 struct Shape {
   int64_t rows, cols, n_tokens;
 };
@@ -117,14 +87,7 @@ void CheckType(GgmlType type, const std::vector<Shape>& shapes, bool random_bits
                              : MakeWeights(type, s.rows, s.cols, seed++);
     const std::vector<float> x = RandomActs(s.n_tokens, s.cols, seed++);
     std::vector<uint8_t> packed_bytes;
-    if (packed && internal::PackedGroupBytes(type, s.cols) > 0) {
-      // Sized and written whatever the current target (the layout is plain C++).
-      packed_bytes.resize(
-          static_cast<size_t>(s.rows / 16 * internal::PackedGroupBytes(type, s.cols)) + 64);
-      void* at = packed_bytes.data() + (64 - reinterpret_cast<uintptr_t>(packed_bytes.data()) % 64);
-      PackWeights(wt.w, at);
-      wt.w.packed = at;
-    }
+    if (packed) Pack(wt, packed_bytes);
     std::vector<float> ref_q(static_cast<size_t>(s.n_tokens * s.rows));
     std::vector<float> ref_f(ref_q.size());
     MatMulReferenceQuantized(wt.w, x.data(), s.n_tokens, ref_q.data());
@@ -497,17 +460,6 @@ TEST(MatMul, Q8KActivationsScaleByTheSignedMaxOf256) {
   EXPECT_EQ(q[3], -127);
   EXPECT_EQ(q[200], 127);
   EXPECT_EQ(q[9], -2);
-}
-
-// Weights of `type` with PackWeights' layout (when the type has one here)
-// in `packed_bytes`.
-void Pack(Weights& wt, std::vector<uint8_t>& packed_bytes) {
-  const int64_t group = internal::PackedGroupBytes(wt.w.type, wt.w.cols);
-  if (group == 0 || wt.w.rows < 16) return;
-  packed_bytes.resize(static_cast<size_t>(wt.w.rows / 16 * group) + 64);
-  void* at = packed_bytes.data() + (64 - reinterpret_cast<uintptr_t>(packed_bytes.data()) % 64);
-  PackWeights(wt.w, at);
-  wt.w.packed = at;
 }
 
 // MatMulMany over matrices of the same input gives each output bit for bit

@@ -72,16 +72,22 @@ std::string Avx512Targets() {
   return out;
 }
 
+// MESHNET_DISABLE_SIMD for the children started in its scope (none if empty).
+struct DisabledSimd {
+  explicit DisabledSimd(const std::string& targets) {
+    if (!targets.empty()) setenv("MESHNET_DISABLE_SIMD", targets.c_str(), 1);
+  }
+  ~DisabledSimd() { unsetenv("MESHNET_DISABLE_SIMD"); }
+};
+
 // without_avx512: run every process with the AVX-512 targets left out.
 void CheckType(const std::string& type, bool without_avx512 = false) {
-  if (without_avx512) {
-    const std::string avx512 = Avx512Targets();
-    if (avx512.empty()) {
-      std::printf("no AVX-512 target here: the default run already took the AVX2 kernels\n");
-      return;
-    }
-    setenv("MESHNET_DISABLE_SIMD", avx512.c_str(), 1);
+  const std::string avx512 = without_avx512 ? Avx512Targets() : "";
+  if (without_avx512 && avx512.empty()) {
+    std::printf("no AVX-512 target here: the default run already took the AVX2 kernels\n");
+    return;
   }
+  const DisabledSimd scope(avx512);
   rpc::testing::ScratchDir dir;
   const std::string model = dir.file("m.gguf");
   const auto made = RunCli(MESHNET_BINARY,
@@ -92,7 +98,6 @@ void CheckType(const std::string& type, bool without_avx512 = false) {
   ASSERT_EQ(made.exit_code, 0) << made.err;
   ExpectSixteenEqualSolo(dir, model, {"0-2"});
   ExpectSixteenEqualSolo(dir, model, {"0-0", "1-1", "2-2"});
-  unsetenv("MESHNET_DISABLE_SIMD");
 }
 
 TEST(BatchInvarianceProcess, F32) { CheckType("f32"); }
