@@ -10,6 +10,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/mutex.h"
 
@@ -114,12 +115,6 @@ ErrorKind KindOfAnswer(int64_t code, const std::string& msg) {
     return ErrorKind::kPermissionDenied;
   }
   return ErrorKind::kInvalidArgument;
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 // Whether `r` was signed within the lease TTL cap (plus clock skew) of `now_ms`.
@@ -410,7 +405,7 @@ Snapshot EtcdRegistry::List(const std::string& model_id) {
       Call("/v3/kv/range", {{"key", B64(prefix)}, {"range_end", B64(RangeEnd(prefix))}});
   Snapshot s;
   s.revision = Int(j.value("header", nlohmann::json::object()), "revision");
-  const int64_t now_ms = NowMs();
+  const int64_t now_ms = UnixMillis();
   for (const auto& kv : j.value("kvs", nlohmann::json::array())) {
     try {
       NodeRecord r = RecordFromJson(nlohmann::json::parse(UnB64(kv.value("value", ""))));

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/secret.h"
 
@@ -33,9 +34,7 @@ LeaseId RandomLeaseId() {
 
 // Signed within kMaxRecordAgeMs of now (either way): an old copy is refused.
 void RequireFresh(const NodeRecord& r) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = UnixMillis();
   if (r.signed_at_ms < now - kMaxRecordAgeMs || r.signed_at_ms > now + kMaxRecordAgeMs) {
     throw Error(ErrorKind::kPermissionDenied,
                 "announcement of " + r.address + " refused: signed " +

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <tuple>
 
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/host_port.h"
 
@@ -107,9 +107,7 @@ std::string RecordSignedText(const NodeRecord& r) {
 
 void SignRecord(const SigningKey& key, NodeRecord* r) {
   static std::atomic<int64_t> last{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = UnixMillis();
   int64_t prev = last.load();
   int64_t ts = std::max(now, prev + 1);
   while (!last.compare_exchange_weak(prev, ts)) ts = std::max(now, prev + 1);

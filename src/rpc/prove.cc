@@ -1,12 +1,12 @@
 #include "rpc/prove.h"
 
-#include <chrono>
 #include <cstdlib>
 
 #include "rpc/auth.h"
 #include "rpc/channel.h"
 #include "rpc/codec.h"
 #include "rpc/status.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/host_port.h"
 #include "util/secret.h"
@@ -18,12 +18,6 @@ namespace {
 
 constexpr size_t kChallengeBytes = 32;
 constexpr int64_t kPeerProofWindowMs = 120000;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string PeerProofMac(std::string_view token_digest, std::string_view target_key,
                          const std::string& ms) {
@@ -95,7 +89,7 @@ ProvenNode ProveNode(const std::string& address, const ClientOptions& options,
 
 std::string PeerProof(std::string_view token, std::string_view target_key) {
   if (token.empty()) return "";
-  const std::string ms = std::to_string(NowMs());
+  const std::string ms = std::to_string(UnixMillis());
   return ms + ":" + ToHex(PeerProofMac(SecretDigest(BearerValue(token)), target_key, ms));
 }
 
@@ -107,7 +101,7 @@ bool PeerProofValid(std::string_view token_digest, std::string_view own_key,
   for (const char c : ms) {
     if (c < '0' || c > '9') return false;
   }
-  if (std::llabs(NowMs() - std::strtoll(ms.c_str(), nullptr, 10)) > kPeerProofWindowMs) {
+  if (std::llabs(UnixMillis() - std::strtoll(ms.c_str(), nullptr, 10)) > kPeerProofWindowMs) {
     return false;
   }
   std::string mac;

@@ -14,4 +14,10 @@ SteadyClock* SteadyClock::Default() {
   return &clock;
 }
 
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace meshnet

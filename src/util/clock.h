@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 namespace meshnet {
 
@@ -33,5 +34,9 @@ class FakeClock final : public Clock {
  private:
   std::atomic<double> now_;
 };
+
+// Wall-clock time in milliseconds since the Unix epoch (record and proof
+// timestamps that other machines compare; not for measuring durations).
+int64_t UnixMillis();
 
 }  // namespace meshnet
