@@ -44,6 +44,9 @@ constexpr size_t kTicketBytes = 32;
 constexpr uint32_t kChunkFrame = 1;
 constexpr uint32_t kTrailerFrame = 2;
 constexpr size_t kMaxMessage = 4096;
+// Connections that have had their answer and are lingering (at most a
+// linger's time each) may bring the total to this many times the caps.
+constexpr int kLingerFactor = 2;
 // After an error the server reads (and drops) what the client still sends,
 // so that its status frame is read rather than lost to a reset; this bounds it.
 constexpr int64_t kMaxDrainBytes = int64_t{1} << 30;
@@ -238,6 +241,12 @@ struct KvTransferListener::Impl {
     int fd = -1;
     std::string ip;
     std::thread thread;
+    // Set just before the connection's last frame is sent: from then on it
+    // no longer counts against the caps that admit new ones (else a client
+    // that saw the answer and came straight back could find its own old
+    // connection, still lingering, in the way). Lingering ones are bounded
+    // on their own (kLingerFactor).
+    std::atomic<bool> answered{false};
     std::atomic<bool> done{false};
   };
 
@@ -261,8 +270,8 @@ struct KvTransferListener::Impl {
 
   void Bind();
   void AcceptLoop();
-  void Serve(int fd);
-  void Import(int fd, node::SessionImporter& imp);
+  void Serve(Conn& c);
+  void Import(Conn& c, node::SessionImporter& imp);
   // Takes the offer of `ticket` if it is live.
   std::unique_ptr<node::SessionImporter> Take(const std::string& ticket);
   // Drops expired offers (their importers are destroyed outside the lock:
@@ -316,14 +325,19 @@ void KvTransferListener::Impl::Bind() {
 }
 
 bool KvTransferListener::Impl::RoomForLocked(const std::string& ip) const {
-  int running = 0, from_ip = 0;
+  int running = 0, from_ip = 0, alive = 0, alive_from_ip = 0;
   for (const Conn& c : conns) {
     if (c.done.load()) continue;
+    ++alive;
+    if (c.ip == ip) ++alive_from_ip;
+    if (c.answered.load()) continue;
     ++running;
     if (c.ip == ip) ++from_ip;
   }
-  return running < std::max(1, options.max_connections) &&
-         from_ip < std::max(1, options.max_connections_per_ip);
+  const int cap = std::max(1, options.max_connections);
+  const int cap_ip = std::max(1, options.max_connections_per_ip);
+  return running < cap && from_ip < cap_ip && alive < kLingerFactor * cap &&
+         alive_from_ip < kLingerFactor * cap_ip;
 }
 
 void KvTransferListener::Impl::FinishedLocked(std::vector<Conn*>* finished) {
@@ -373,7 +387,7 @@ void KvTransferListener::Impl::AcceptLoop() {
     c.fd = fd;
     c.ip = ip;
     c.thread = std::thread([this, &c] {
-      Serve(c.fd);
+      Serve(c);
       c.done.store(true);
     });
   }
@@ -406,7 +420,8 @@ void KvTransferListener::Impl::Sweep() {
   if (!expired.empty()) spdlog::warn("event=kv_transfer_expired offers={}", expired.size());
 }
 
-void KvTransferListener::Impl::Serve(int fd) {
+void KvTransferListener::Impl::Serve(Conn& c) {
+  const int fd = c.fd;
   std::unique_ptr<node::SessionImporter> imp;
   double linger_s = options.hello_timeout_s;  // until a live ticket came
   try {
@@ -422,21 +437,24 @@ void KvTransferListener::Impl::Serve(int fd) {
                   "KV transfer refused: unknown, used or expired ticket");
     }
     linger_s = options.io_timeout_s;
-    Import(fd, *imp);
+    Import(c, *imp);
   } catch (const Error& e) {
     if (imp) core->counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn("event=kv_transfer_refused message=\"{}\"", e.what());
+    c.answered.store(true);
     SendErrorAndLinger(fd, e, linger_s);
   } catch (const std::exception& e) {
     if (imp) core->counters().imports_rejected.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("event=kv_transfer_failed message=\"{}\"", e.what());
+    c.answered.store(true);
     SendErrorAndLinger(fd, Error(ErrorKind::kUnavailable, std::string("KV transfer: ") + e.what()),
                        linger_s);
   }
   imp.reset();  // undoes the claim unless it was committed
 }
 
-void KvTransferListener::Impl::Import(int fd, node::SessionImporter& imp) {
+void KvTransferListener::Impl::Import(Conn& c, node::SessionImporter& imp) {
+  const int fd = c.fd;
   auto read = [fd](const std::vector<node::SessionImporter::Run>& runs) { ReadRuns(fd, runs); };
   for (;;) {
     Frame f;
@@ -452,6 +470,7 @@ void KvTransferListener::Impl::Import(int fd, node::SessionImporter& imp) {
   }
   const int64_t seq_len = core->CommitImport(imp);
   core->counters().kv_transfers.fetch_add(1, std::memory_order_relaxed);
+  c.answered.store(true);
   SendStatus(fd, StatusFrame{0, 0, seq_len, imp.bytes(), imp.chunks()}, "");
 }
 

@@ -30,8 +30,10 @@
 // (each holds its reserved rows) and each expires after `ticket_ttl_s`; at
 // most `max_connections` connections are served at once and
 // `max_connections_per_ip` from one client address (more are closed at
-// once); a connection must present its ticket within `hello_timeout_s` of
-// being accepted, and every later read and write has an `io_timeout_s`. A
+// once; a connection stops counting once it has sent its last frame, and
+// those lingering may at most double either count); a connection must
+// present its ticket within `hello_timeout_s` of being accepted, and every
+// later read and write has an `io_timeout_s`. A
 // connection that does not present a live ticket in time is closed after one
 // error frame and a linger of at most `hello_timeout_s`. A pusher whose
 // connection fails streams over gRPC instead (rpc/migrate.h); DropOffers

@@ -325,6 +325,46 @@ TEST(KvTransfer, SilentClientsAreCutAtTheTicketDeadlineAndCappedPerAddress) {
             13 * exp->header().bytes_per_token);
 }
 
+// A connection that has had its answer stops counting against the
+// per-address cap at once, even while it lingers (was: a pusher that read its
+// status and came straight back was refused until its old connection's
+// thread had ended, a race CI lost); lingering ones are bounded too, at twice
+// the cap.
+TEST(KvTransfer, AnAnsweredConnectionMakesRoomAtOnce) {
+  TestNode a, b;
+  auto [id, t] = Prepared(a);
+  KvTransferOptions o = Options();
+  o.hello_timeout_s = 5;  // the refused ones linger this long: the whole test
+  o.max_connections_per_ip = 1;
+  const std::string junk(8 + 32, 'x');  // a hello without the magic: refused at once
+  auto refused_at_once = [&](int fd) {
+    EXPECT_EQ(send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
+    const auto [status, message] = ReadStatus(fd);
+    EXPECT_EQ(status, 1 + static_cast<uint32_t>(ErrorKind::kInvalidArgument)) << message;
+  };
+  {
+    KvTransferListener port(b.core.get(), o);
+    const int s1 = Dial(port.port());
+    refused_at_once(s1);  // answered, lingering: s2 is served
+    const int s2 = Dial(port.port());
+    refused_at_once(s2);
+    const int s3 = Dial(port.port());
+    char c;
+    EXPECT_EQ(recv(s3, &c, 1, 0), 0) << "a third connection served while two linger";
+    EXPECT_EQ(port.refused_connections(), 1);
+    for (const int fd : {s1, s2, s3}) close(fd);
+  }
+  KvTransferListener port(b.core.get(), o);
+  const int lingering = Dial(port.port());
+  refused_at_once(lingering);
+  auto exp = a.core->BeginExport(id, &kSecret);
+  const KvOffer offer = port.Offer(exp->header());
+  EXPECT_EQ(SendKvTransfer(*exp, "127.0.0.1", offer.port, offer.ticket, Client()),
+            13 * exp->header().bytes_per_token);
+  EXPECT_EQ(port.refused_connections(), 0);
+  close(lingering);
+}
+
 // Offers are bounded, and one nobody comes for expires: its claim and rows
 // go. Stop undoes the offers still waiting.
 TEST(KvTransfer, OffersAreBoundedAndExpire) {

@@ -24,6 +24,20 @@
 namespace meshnet::rpc {
 namespace {
 
+// A sanitized `meshnet api` (.ci/run) counts its shadow memory in its RSS:
+// TSan's is several times the memory the process touches.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int64_t kRssSlack = 3;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr int64_t kRssSlack = 3;
+#else
+constexpr int64_t kRssSlack = 1;
+#endif
+#else
+constexpr int64_t kRssSlack = 1;
+#endif
+
 using http::testing::BodyOf;
 using http::testing::GetRequest;
 using http::testing::PostRequest;
@@ -478,7 +492,7 @@ TEST_P(PlainFrontDoor, HugePromptsAreNotTokenizedWhileWaiting) {
   const int64_t grew_kib = PeakKib() - before;
   std::printf("16 x 1 MB prompts: peak RSS +%lld KiB\n", static_cast<long long>(grew_kib));
   EXPECT_EQ(refused, 16);
-  EXPECT_LT(grew_kib, 160 << 10);
+  EXPECT_LT(grew_kib, kRssSlack * (160 << 10));
 }
 
 // A chat message that spells the end of its turn and a system turn in the
