@@ -3,10 +3,12 @@
 // 127.0.0.1 port 0 only and are killed and reaped in teardown.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -382,6 +384,65 @@ TEST_F(CliHardeningTest, HalfOpenRequestsDoNotBlockMetrics) {
 
 namespace meshnet::rpc {
 namespace {
+
+// `meshnet generate` over a route with two replicas of its last range: the
+// replica serving the session is stopped (SIGSTOP) mid-generation. The
+// command fails over, prints the in-process text and exits while the node
+// is still stopped: its release there does not hold the exit (was: the
+// command waited until the node resumed). The node is resumed only after.
+TEST_F(CliHardeningTest, GenerateExitsWhileAStoppedNodeStaysStopped) {
+  const std::string model = dir_.file("m.gguf");
+  const CliResult made = Run({"make-model", "--out", model, "--tokenizer-from", kModel, "--n-embd",
+                              "512", "--n-layers", "8", "--n-heads", "8", "--n-ff", "1536",
+                              "--type", "q8_0", "--context", "2048", "--seed", "7"});
+  ASSERT_EQ(made.exit_code, 0) << Describe(made);
+  const std::vector<std::string> gen = {"generate",         "--model",  model, "-p",
+                                        "Once upon a time", "--no-bos", "-n",  "600",
+                                        "--output",         "json"};
+  std::vector<std::string> solo = gen;
+  solo.insert(solo.end(), {"--shards", "1", "--threads", "1"});
+  const CliResult want = Run(solo);
+  ASSERT_EQ(want.exit_code, 0) << Describe(want);
+  auto node = [&](const char* layers) {
+    return std::make_unique<NodeProcess>(
+        MESHNET_BINARY,
+        std::vector<std::string>{"--model", model, "--layers", layers, "--threads", "1",
+                                 "--metrics-listen", "127.0.0.1:0"},
+        dir_.file("node-" + std::to_string(++n_) + ".log"), /*expect_metrics=*/true);
+  };
+  auto head = node("0-3");
+  std::unique_ptr<NodeProcess> tails[2] = {node("4-7"), node("4-7")};
+  std::vector<std::string> remote = gen;
+  remote.insert(remote.end(),
+                {"--nodes", head->address() + "," + tails[0]->address() + "," + tails[1]->address(),
+                 "--timeout", "2"});
+  NodeProcess* stopped = nullptr;
+  const CliResult got = RunCli(MESHNET_BINARY, remote, kLimit, [&](pid_t) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (stopped == nullptr && std::chrono::steady_clock::now() < until) {
+      for (auto& t : tails) {
+        const std::string m = testing::HttpGet(t->metrics_address(), "/metrics");
+        if (testing::MetricValue(m, "meshnet_kv_live_sessions") == 1) stopped = t.get();
+      }
+      // A metrics poll: the session starts in another process.
+      if (stopped == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (stopped != nullptr) kill(stopped->pid(), SIGSTOP);
+  });
+  ASSERT_NE(stopped, nullptr) << "no tail took the session\n" << Describe(got);
+  std::ifstream stat("/proc/" + std::to_string(stopped->pid()) + "/stat");
+  const std::string fields(std::istreambuf_iterator<char>(stat), {});
+  const bool still_stopped = fields.find(") T ") != std::string::npos;  // state T: stopped
+  kill(stopped->pid(), SIGCONT);
+  ASSERT_FALSE(got.timed_out) << "generate waited for the stopped node\n" << Describe(got);
+  ASSERT_EQ(got.exit_code, 0) << Describe(got);
+  EXPECT_TRUE(still_stopped);
+  const auto a = nlohmann::json::parse(want.out, nullptr, false);
+  const auto b = nlohmann::json::parse(got.out, nullptr, false);
+  ASSERT_TRUE(a.is_object() && b.is_object()) << Describe(got);
+  EXPECT_EQ(b["generated_ids"], a["generated_ids"]);
+  EXPECT_GE(b["generated_ids"].size(), 400u) << "too short a run to stop a node in";
+}
 
 // `meshnet admin` never sends the cluster token: without the admin token it
 // stops before any call; `serve` refuses an admin token equal to the cluster
