@@ -15,6 +15,7 @@
 #include "registry/status.h"
 #include "registry/status_html.h"  // generated from status.html (CMake)
 #include "util/error.h"
+#include "util/host_port.h"
 #include "util/mutex.h"
 
 namespace meshnet::registry {
@@ -22,16 +23,6 @@ namespace meshnet::registry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string IpOf(const sockaddr_storage& a) {
-  char text[INET6_ADDRSTRLEN] = "";
-  if (a.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
-  } else if (a.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text, sizeof text);
-  }
-  return text;
-}
 
 int PortOf(const sockaddr_storage& a) {
   if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
@@ -62,14 +53,14 @@ class DeadlineStream final : public httplib::Stream {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
     getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    ip = IpOf(a);
+    ip = SocketIp(a);
     port = PortOf(a);
   }
   void get_local_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
     getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    ip = IpOf(a);
+    ip = SocketIp(a);
     port = PortOf(a);
   }
   int socket() const override { return fd_; }
@@ -93,7 +84,8 @@ class DeadlineStream final : public httplib::Stream {
 
 // cpp-httplib's Server with every connection served by one request under a
 // whole-request deadline and a cap on the bytes it may send, and at most
-// `per_ip` connections of one client address at once (more are closed at
+// `per_ip` connections of one client address (an IPv4 address or an IPv6
+// /64) at once (more are closed at
 // once). cpp-httplib 0.11 has neither (its timeouts are per read); it lets a
 // subclass serve a connection itself through its protected process_request.
 // Requests are normalized as the API's are (http::NormalizeRequest: at most
@@ -116,7 +108,7 @@ class StatusHttpServer::GuardedServer final : public httplib::Server {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
     getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len);
-    const std::string ip = IpOf(a);
+    const std::string ip = SocketAddressKey(a);  // an IPv4 address or an IPv6 /64
     bool ok = false;
     if (Enter(ip)) {
       DeadlineStream stream(sock, Clock::now() + deadline_, max_request_bytes_);

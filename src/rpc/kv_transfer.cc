@@ -28,6 +28,7 @@
 
 #include "node/identity.h"
 #include "util/error.h"
+#include "util/host_port.h"
 #include "util/mutex.h"
 #include "util/secret.h"
 
@@ -215,17 +216,6 @@ void ReadWithin(int fd, void* data, size_t n, double seconds, const char* what) 
   }
 }
 
-// The client's IP address, without the port.
-std::string PeerIp(const sockaddr_storage& a) {
-  char text[INET6_ADDRSTRLEN] = "?";
-  if (a.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
-  } else if (a.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text, sizeof text);
-  }
-  return text;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -375,7 +365,7 @@ void KvTransferListener::Impl::AcceptLoop() {
     socklen_t peer_len = sizeof peer;
     const int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    const std::string ip = PeerIp(peer);
+    const std::string ip = SocketAddressKey(peer);  // an IPv4 address or an IPv6 /64
     MutexLock lock(&mu);
     if (stopped || !RoomForLocked(ip)) {
       close(fd);  // full: the client's push falls back to gRPC, or its offer expires

@@ -128,4 +128,14 @@ std::string PeerAddressKey(std::string_view peer) {
   return AddressKey(ip.substr(0, ip.find('%')));  // without a zone ("%25eth0")
 }
 
+std::string SocketIp(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (a.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
+  } else if (a.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
 }  // namespace meshnet

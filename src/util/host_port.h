@@ -20,6 +20,8 @@
 // Thread-safety: pure function.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <string>
 #include <string_view>
 
@@ -44,5 +46,15 @@ std::string AddressKey(std::string_view ip);
 // is its PeerHost.
 // Thread-safety: pure function.
 std::string PeerAddressKey(std::string_view peer);
+
+// The numeric IP address of a socket address ("10.0.0.7", "2001:db8::1"),
+// "?" for a family other than IPv4 and IPv6.
+// Thread-safety: pure function.
+std::string SocketIp(const sockaddr_storage& a);
+
+// AddressKey of a socket address: what the caps on connections per client
+// address of the KV transfer port and the registry's status page count.
+// Thread-safety: pure function.
+inline std::string SocketAddressKey(const sockaddr_storage& a) { return AddressKey(SocketIp(a)); }
 
 }  // namespace meshnet

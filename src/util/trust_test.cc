@@ -1,6 +1,8 @@
 // The node-identity primitives: Ed25519 keys (generate, persist, sign,
 // verify), HMAC, and canonical host:port spellings.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -101,6 +103,33 @@ TEST(AddressKey, OneKeyPerIpv4AddressOrIpv6Slash64) {
   EXPECT_EQ(PeerAddressKey("ipv6:%5B::ffff:10.0.0.7%5D:5123"), "10.0.0.7");
   EXPECT_EQ(PeerAddressKey("ipv6:%5Bfe80::1%25eth0%5D:5123"), "fe80::/64");
   EXPECT_EQ(PeerAddressKey("unix:/tmp/s"), "unix");
+}
+
+// The raw-socket listeners (KV transfer port, registry status page) key their
+// per-address caps the same way (were: the exact IPv6 address).
+TEST(AddressKey, OfASocketAddress) {
+  auto v6 = [](const char* ip) {
+    sockaddr_storage a{};
+    auto* s6 = reinterpret_cast<sockaddr_in6*>(&a);
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons(5123);
+    EXPECT_EQ(inet_pton(AF_INET6, ip, &s6->sin6_addr), 1);
+    return a;
+  };
+  sockaddr_storage v4{};
+  auto* s4 = reinterpret_cast<sockaddr_in*>(&v4);
+  s4->sin_family = AF_INET;
+  s4->sin_port = htons(5123);
+  ASSERT_EQ(inet_pton(AF_INET, "10.0.0.7", &s4->sin_addr), 1);
+  EXPECT_EQ(SocketIp(v4), "10.0.0.7");
+  EXPECT_EQ(SocketAddressKey(v4), "10.0.0.7");
+  EXPECT_EQ(SocketIp(v6("2001:db8:1:2::9")), "2001:db8:1:2::9");
+  EXPECT_EQ(SocketAddressKey(v6("2001:db8:1:2::9")), SocketAddressKey(v6("2001:db8:1:2:a:b:c:d")));
+  EXPECT_NE(SocketAddressKey(v6("2001:db8:1:3::9")), SocketAddressKey(v6("2001:db8:1:2::9")));
+  EXPECT_EQ(SocketAddressKey(v6("::ffff:10.0.0.7")), "10.0.0.7");
+  sockaddr_storage unix_addr{};
+  unix_addr.ss_family = AF_UNIX;
+  EXPECT_EQ(SocketIp(unix_addr), "?");
 }
 
 }  // namespace
