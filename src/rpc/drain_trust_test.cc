@@ -23,6 +23,7 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/drain.h"
+#include "rpc/fake_replica_test_util.h"
 #include "rpc/remote.h"
 #include "rpc/server.h"
 #include "rpc/test_util.h"
@@ -89,80 +90,7 @@ struct Target {
   std::unique_ptr<NodeServer> server;
 };
 
-// A MeshNode that answers as `real` does (Info and Prove relayed to it) and
-// takes whatever else comes, remembering every call and every token.
-class FakeReplica final : public pb::MeshNode::Service {
- public:
-  explicit FakeReplica(const std::string& real)
-      : stub_(pb::MeshNode::NewStub(MakeClientChannel(real, ClientOptions{}))) {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-    address_ = "127.0.0.1:" + std::to_string(port);
-  }
-  ~FakeReplica() override { server_->Shutdown(); }
-  const std::string& address() const { return address_; }
-
-  grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest* req,
-                    pb::InfoResponse* out) override {
-    Note(*ctx, "Info");
-    grpc::ClientContext c;
-    c.AddMetadata("authorization", "Bearer " + kToken);  // the fake was given what it replays
-    return stub_->Info(&c, *req, out);
-  }
-  grpc::Status Prove(grpc::ServerContext* ctx, const pb::ProveRequest* req,
-                     pb::ProveResponse* out) override {
-    Note(*ctx, "Prove");
-    grpc::ClientContext c;
-    return stub_->Prove(&c, *req, out);  // the real node's signed answer, relayed
-  }
-  grpc::Status OfferImport(grpc::ServerContext* ctx, const pb::OfferImportRequest*,
-                           pb::OfferImportResponse*) override {
-    Note(*ctx, "OfferImport");
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "fake");
-  }
-  grpc::Status ImportSession(grpc::ServerContext* ctx, grpc::ServerReader<pb::SessionChunk>* r,
-                             pb::ImportSessionResponse*) override {
-    Note(*ctx, "ImportSession");
-    pb::SessionChunk chunk;
-    while (r->Read(&chunk)) {
-      MutexLock lock(&mu_);
-      ++chunks_;
-    }
-    return grpc::Status::OK;
-  }
-
-  std::vector<std::string> calls() const {
-    MutexLock lock(&mu_);
-    return calls_;
-  }
-  int64_t chunks() const {
-    MutexLock lock(&mu_);
-    return chunks_;
-  }
-  bool saw_token() const {
-    MutexLock lock(&mu_);
-    return saw_token_;
-  }
-
- private:
-  void Note(const grpc::ServerContext& ctx, const std::string& method) {
-    MutexLock lock(&mu_);
-    calls_.push_back(method);
-    for (const auto& [k, v] : ctx.client_metadata()) {
-      if (std::string(v.data(), v.size()).find(kToken) != std::string::npos) saw_token_ = true;
-    }
-  }
-  std::unique_ptr<pb::MeshNode::Stub> stub_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
-  mutable Mutex mu_;
-  std::vector<std::string> calls_ GUARDED_BY(mu_);
-  int64_t chunks_ GUARDED_BY(mu_) = 0;
-  bool saw_token_ GUARDED_BY(mu_) = false;
-};
+using testing::FakeReplica;
 
 int Count(const std::vector<std::string>& calls, const std::string& method) {
   return static_cast<int>(std::count(calls.begin(), calls.end(), method));
@@ -173,7 +101,7 @@ int Count(const std::vector<std::string>& calls, const std::string& method) {
 // drain then reaches the real replica, with a peer proof, not the token.
 TEST(DrainTrust, AFakeReplicaGetsNoSessionAndNoToken) {
   Target real;
-  FakeReplica fake(real.server->bound_address());
+  FakeReplica fake(real.server->bound_address(), kToken);
   Source src;
   src.AddSessions(3);
   const DrainReport none = src.DrainTo({{fake.address(), ""}});

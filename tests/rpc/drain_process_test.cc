@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -18,8 +19,10 @@
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "rpc/drain.h"
+#include "rpc/fake_replica_test_util.h"
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
+#include "tests/rpc/cli_run.h"
 #include "tests/rpc/node_process.h"
 #include "tests/rpc/session_gate.h"
 #include "util/error.h"
@@ -339,6 +342,68 @@ TEST_F(DrainProcessTest, AStoppedNodeDropsTheSessionsItsClientsGaveUp) {
   }
   EXPECT_EQ(live, 0) << "the resumed node still holds the abandoned session\n" << mid0_->Log();
   EXPECT_NE(mid0_->Log().find("event=node_was_stopped"), std::string::npos);
+}
+
+// Issue 32, HIGH 1 at the command's level: `meshnet admin drain --to` a host
+// that passes for a replica (it relays a real replica's Info and signed
+// Prove) sends it no session and never the cluster token; the sessions end
+// instead. The cluster token is no operator credential, and undrain reopens
+// the node.
+TEST_F(DrainProcessTest, AdminDrainToAFakeReplicaSendsItNothing) {
+  const std::string token = "cluster-token-of-this-test-0123456789";
+  auto src = Start("0-4", {"--auth-token", token});
+  auto real = Start("0-4", {"--auth-token", token});
+  testing::FakeReplica fake(real->address(), token);
+  ClientOptions co = Client();
+  co.auth_token = token;
+  RemoteEndpoint ep(src->address(), co);
+  auto open_sessions = [&] {
+    for (int i = 0; i < 2; ++i) {
+      mesh::StepRequest r;
+      r.session_id = "0123456789abcdef0123456789abcde" + std::to_string(i);
+      r.session_secret = "secret";
+      r.prefill = true;
+      r.token_ids = Prompt(i);
+      ep.Step(r);
+    }
+  };
+  open_sessions();
+  ASSERT_EQ(Metric(*src, "meshnet_kv_live_sessions"), 2);
+  auto admin = [&](const std::string& verb, const std::string& credential,
+                   const std::string& to = "") {
+    std::vector<std::string> args = {"admin", verb, src->address(), "--admin-token", credential};
+    if (verb == "drain") args.insert(args.end(), {"--to", to.empty() ? fake.address() : to});
+    return testing::RunCli(MESHNET_BINARY, args, 60);
+  };
+  const testing::CliResult denied = admin("drain", token);
+  EXPECT_NE(denied.exit_code, 0) << "the cluster token drained the node";
+  EXPECT_EQ(Metric(*src, "meshnet_draining"), 0);
+  EXPECT_EQ(Metric(*src, "meshnet_kv_live_sessions"), 2);
+
+  const testing::CliResult drained = admin("drain", kAdmin);
+  EXPECT_EQ(drained.exit_code, 0) << drained.out << drained.err;
+  const std::vector<std::string> calls = fake.calls();
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "OfferImport") +
+                std::count(calls.begin(), calls.end(), "ImportSession"),
+            0);
+  EXPECT_EQ(fake.chunks(), 0);
+  EXPECT_FALSE(fake.saw_token()) << "the cluster token was sent to an unproven host";
+  EXPECT_EQ(Metric(*real, "meshnet_sessions_imported_total"), 0);
+  EXPECT_EQ(Metric(*src, "meshnet_kv_live_sessions"), 0);
+  EXPECT_EQ(Metric(*src, "meshnet_draining"), 1);
+
+  const testing::CliResult reopened = admin("undrain", kAdmin);
+  EXPECT_EQ(reopened.exit_code, 0) << reopened.out << reopened.err;
+  EXPECT_EQ(Metric(*src, "meshnet_draining"), 0);
+
+  // The same sessions again, drained to the fake and the real replica: they
+  // all go to the real one (this setup does move sessions), none to the fake.
+  open_sessions();
+  const testing::CliResult moved = admin("drain", kAdmin, fake.address() + "," + real->address());
+  EXPECT_EQ(moved.exit_code, 0) << moved.out << moved.err;
+  EXPECT_EQ(Metric(*real, "meshnet_sessions_imported_total"), 2);
+  EXPECT_EQ(fake.chunks(), 0);
+  EXPECT_FALSE(fake.saw_token());
 }
 
 // A client follows "moved to" only to a node it was given: a node cannot
