@@ -24,8 +24,14 @@ std::shared_ptr<grpc::Channel> MakeClientChannel(const std::string& address,
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a node restarts; the generator decides what is dead.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // gRPC reads this one as the least time it gives a connection attempt (TCP,
+  // TLS handshake, HTTP/2 settings: the "min connect timeout"), not as a
+  // backoff. It was 100 ms: a TLS connect to a busy server, or over a link of
+  // more than ~25 ms one-way, failed every attempt (48 clients connecting at
+  // once to a TLS registry on 2 cores all failed). Calls keep their own
+  // deadlines; a refused connection is still retried after the backoff above.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   // One connection per endpoint object, not shared through the global pool.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> creds;

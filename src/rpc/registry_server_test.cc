@@ -46,11 +46,39 @@ struct GrpcBackend {
   bool LeaseSecrets() { return true; }
 };
 
+// The same over the registry's TLS listener with client certificates: every
+// contract test (leases bound to their announcer, replayed renewals, forged
+// and unsigned records, draining set by the owner only) holds over TLS too.
+struct GrpcTlsBackend {
+  testing::ScratchDir dir;
+  testing::TestPki pki = testing::MakeTestPki(dir);
+  std::unique_ptr<RegistryServer> server;
+  GrpcTlsBackend() {
+    RegistryServerOptions o;
+    o.verify_nodes = false;
+    o.tls_cert = pki.server_cert;
+    o.tls_key = pki.server_key;
+    o.tls_ca = pki.ca_cert;
+    server = std::make_unique<RegistryServer>(o);
+    server->Start();
+  }
+  std::string Unavailable() { return ""; }
+  std::unique_ptr<registry::Registry> Make() {
+    ClientOptions mtls;
+    mtls.tls_ca = pki.ca_cert;
+    mtls.tls_cert = pki.client_cert;
+    mtls.tls_key = pki.client_key;
+    return std::make_unique<RemoteRegistry>(server->bound_address(), mtls);
+  }
+  double MinTtl() { return 1.0; }
+  bool LeaseSecrets() { return true; }
+};
+
 }  // namespace
 }  // namespace meshnet::rpc
 
 namespace meshnet::registry::testing {
-using GrpcBackends = ::testing::Types<rpc::GrpcBackend>;
+using GrpcBackends = ::testing::Types<rpc::GrpcBackend, rpc::GrpcTlsBackend>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Grpc, RegistryContract, GrpcBackends);
 }  // namespace meshnet::registry::testing
 
@@ -247,15 +275,32 @@ TEST(RegistryServer, OnlyTheKeyHolderAtItsOwnAddressIsListed) {
 // HIGH 4: callers announcing an address that accepts TCP and never answers
 // hold no handler thread: beyond a few verifications at once they are
 // refused at once, and the nodes' heartbeats and lists go on meanwhile.
-TEST(RegistryServer, AnnounceFloodsDoNotStopHeartbeats) {
-  OneNode node;
-  SilentListener silent;
+// Over plaintext and over the registry's mutual-TLS listener (where each
+// verification also does a TLS handshake with the announced address).
+class AnnounceFlood : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Transports, AnnounceFlood, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Tls" : "Plain"; });
+
+TEST_P(AnnounceFlood, DoesNotStopHeartbeats) {
+  testing::ScratchDir dir;
+  const testing::TestPki pki = testing::MakeTestPki(dir);
+  NodeServerOptions no;
   RegistryServerOptions o;
   o.max_rpc_threads = 16;  // fewer handler threads than flooders
-  RegistryServer reg(o);
-  reg.Start();
   ClientOptions co;
   co.info_timeout_s = 3.0;
+  if (GetParam()) {
+    no.tls_cert = o.tls_cert = pki.server_cert;
+    no.tls_key = o.tls_key = pki.server_key;
+    no.tls_ca = o.tls_ca = co.tls_ca = pki.ca_cert;
+    co.tls_cert = pki.client_cert;
+    co.tls_key = pki.client_key;
+    o.node_client = co;
+  }
+  OneNode node(no);
+  SilentListener silent;
+  RegistryServer reg(o);
+  reg.Start();
   RemoteRegistry client(reg.bound_address(), co);
   const registry::Lease lease = client.Announce(NodeRecordOf(*node.server), 30);
   NodeRecord fake = NodeRecordOf(*node.server);
