@@ -58,6 +58,12 @@ class ShardEndpoint {
   // Frees the session's state on this hop; best effort (never throws).
   virtual void Release(const std::string& session_id, const std::string& session_secret,
                        int64_t route_epoch) = 0;
+  // Keeps the first min(length, held) positions of the session on this hop
+  // and returns how many it holds now. A session the hop no longer holds
+  // throws kv::CacheMissError; an endpoint that cannot truncate throws
+  // Error(kUnavailable) (its caller re-prefills instead).
+  virtual int64_t Truncate(const std::string& session_id, const std::string& session_secret,
+                           int64_t route_epoch, int64_t length);
 };
 
 }  // namespace meshnet::mesh

@@ -244,6 +244,60 @@ std::vector<int32_t> ExpectedAdjusted(const RunOutput& run, const shard::LogitAd
   return out;
 }
 
+// A prefix cache hit (GenerateOptions::resume_length): a session kept after
+// its generation (release_at_end false) continues a longer prompt that
+// starts with part of its text; every hop is truncated to the shared part
+// and only the rest is computed. Tokens and logits equal a fresh run's, on
+// one hop and on three. A resume whose session the hops no longer hold
+// prefills the whole prompt, with the same output.
+TEST(Generation, ResumingAKeptSessionGivesTheFreshRunsOutput) {
+  for (const int shards : {1, 3}) {
+    InProcessMeshOptions mo;
+    mo.split = node::EvenSplit(shards, 5);
+    InProcessMesh mesh(File(), mo, Pool());
+    FixedRouteProvider provider(mesh.route());
+    GenerateOptions first;
+    first.max_tokens = 12;
+    first.session_id = "0123456789abcdef0123456789abcdef";
+    first.session_secret = "the-secret";
+    first.release_at_end = false;
+    const GenerateResult kept = mesh::Generate(provider, Prompt(), first);
+    // The hops hold the prompt and every generated token but the last.
+    std::vector<int32_t> held = Prompt();
+    held.insert(held.end(), kept.generated_ids.begin(), kept.generated_ids.end() - 1);
+    ASSERT_EQ(kept.kv_tokens, held);
+    ASSERT_EQ(kept.final_hops.size(), static_cast<size_t>(shards));
+    // The next turn: 4 tokens of the kept text differ from what it held
+    // (a template that rewrote the tail), then new text.
+    std::vector<int32_t> next(held.begin(), held.end() - 4);
+    for (const int32_t t : {261, 378, 429, 30, 31, 403, 407}) next.push_back(t);
+    const auto common = static_cast<int64_t>(held.size()) - 4;
+    const RunOutput fresh = Generate(mesh, next, 16);
+    GenerateOptions again = first;
+    again.max_tokens = 16;
+    again.release_at_end = true;
+    again.resume_length = common;
+    RunOutput resumed;
+    GenerateEvents ev;
+    ev.on_logits = [&](std::span<const float> l) {
+      resumed.logits.emplace_back(l.begin(), l.end());
+    };
+    const GenerateResult r = mesh::Generate(provider, next, again, ev);
+    EXPECT_EQ(r.cached_tokens, common) << shards << " shards";
+    EXPECT_EQ(r.re_prefills, 0);
+    EXPECT_EQ(r.generated_ids, fresh.tokens) << shards << " shards";
+    ASSERT_EQ(resumed.logits.size(), fresh.logits.size());
+    for (size_t s = 0; s < fresh.logits.size(); ++s) {
+      EXPECT_EQ(resumed.logits[s], fresh.logits[s]) << "step " << s << ", " << shards << " shards";
+    }
+    for (int i = 0; i < shards; ++i) EXPECT_EQ(mesh.node(i).manager().SessionCount(), 0);
+    // Released at the end: a resume now finds nothing and prefills it all.
+    const GenerateResult gone = mesh::Generate(provider, next, again);
+    EXPECT_EQ(gone.cached_tokens, 0);
+    EXPECT_EQ(gone.generated_ids, fresh.tokens);
+  }
+}
+
 // Penalties and bias are applied by the client to the tail's row: each token
 // is the argmax of its adjusted row; the unadjusted run is unchanged.
 TEST(Generation, PenaltiesAndBiasAreAppliedToEveryRow) {

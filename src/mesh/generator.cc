@@ -35,6 +35,10 @@ void FixedRouteProvider::MarkDead(const ShardEndpoint& endpoint) {
   }
 }
 
+int64_t ShardEndpoint::Truncate(const std::string&, const std::string&, int64_t, int64_t) {
+  throw Error(ErrorKind::kUnavailable, name() + " cannot truncate a session");
+}
+
 namespace {
 
 // Releases the session, at the latest epoch, on every hop that may hold it
@@ -74,6 +78,13 @@ void ValidateGenerate(std::span<const int32_t> prompt_ids, const GenerateOptions
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt must hold at least one token");
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
   if (options.prefill_chunk < 0) ThrowInvalidArgument("prefill_chunk must be >= 0");
+  if (options.resume_length < 0 ||
+      options.resume_length >= static_cast<int64_t>(prompt_ids.size()) ||
+      (options.resume_length > 0 &&
+       (options.session_id.empty() || options.session_secret.empty()))) {
+    ThrowInvalidArgument(
+        "resume_length must be below the prompt's length, with the session's id and secret");
+  }
   options.sampling.Validate();
   if (options.context_length > 0 &&
       static_cast<int64_t>(prompt_ids.size()) > options.context_length) {
@@ -109,6 +120,7 @@ class GenerationLoop {
   }
 
   GenerateResult Run() {
+    if (options_.resume_length > 0) Resume();
     while (static_cast<int>(result_.generated_ids.size()) < options_.max_tokens) {
       if (Stopping()) break;
       StepOutcome step = NextStep();
@@ -138,15 +150,36 @@ class GenerationLoop {
       }
       if (step.interrupted) continue;  // a chunked prefill stopped: Stopping() says why
       need_prefill_ = false;
+      fed_ = static_cast<int64_t>(history_.size());  // every hop holds the whole text now
       if (!Accept(step)) break;
     }
     if (!options_.release_at_end) releaser_.Disarm();
     result_.final_epoch = epoch_;
     result_.final_route = route_.Describe();
+    result_.final_hops = route_.hops;
+    result_.kv_tokens.assign(history_.begin(), history_.begin() + fed_);
     return std::move(result_);
   }
 
  private:
+  // Truncates every hop to the prefix they hold; the first step then sends
+  // only the rest. Anything else than every hop holding it: a full prefill.
+  void Resume() {
+    const int64_t length = options_.resume_length;
+    try {
+      for (const auto& hop : route_.hops) {
+        if (hop->Truncate(session_, secret_, epoch_, length) != length) {
+          return;  // it held less: prefill everything
+        }
+      }
+    } catch (const std::exception&) {
+      return;  // a miss, a dead hop, no truncation: the prefill sorts it out
+    }
+    need_prefill_ = false;
+    fed_ = length;
+    result_.cached_tokens = length;
+  }
+
   // True (with the stop reason set) when generation ends before the next step.
   bool Stopping() {
     if (events_.stop_requested && events_.stop_requested()) {
@@ -184,9 +217,14 @@ class GenerationLoop {
       return RunChunkedPrefill(route_, provider_, head, first, history_, chunk,
                                [this] { return StopAsked(); });
     }
-    if (need_prefill_) return RunRouteStep(route_, provider_, head, ++step_id_, true, history_, {});
+    if (need_prefill_) {
+      result_.cached_tokens = 0;  // a re-prefill after a resume computes it all
+      return RunRouteStep(route_, provider_, head, ++step_id_, true, history_, {});
+    }
+    // The tokens the hops do not hold yet: the last one when decoding, the
+    // rest of the prompt after a resume.
     return RunRouteStep(route_, provider_, head, ++step_id_, false,
-                        std::span<const int32_t>(&history_.back(), 1), n - 1);
+                        std::span<const int32_t>(history_).subspan(fed_), fed_);
   }
 
   // Whether the caller wants the generation to end (asked between pieces of a
@@ -301,6 +339,7 @@ class GenerationLoop {
   double busy_backoff_ = 0.05;
   std::vector<int32_t> history_;
   bool need_prefill_ = true;
+  int64_t fed_ = 0;  // tokens of history_ whose KV every hop of route_ holds
   int recoveries_ = 0;
   uint64_t step_id_ = 0;
   double backoff_ = 0;

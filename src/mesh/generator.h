@@ -125,6 +125,14 @@ struct GenerateOptions {
   // Ask the tail for its logits row on every step (for on_logits, e.g.
   // logprobs) even where the transport leaves it out by default.
   bool want_logits = false;
+  // A prefix cache hit: the route's hops already hold the first
+  // `resume_length` tokens of the prompt (or more) for session_id /
+  // session_secret at initial_epoch, from an earlier generation kept with
+  // release_at_end = false. Each hop is truncated to it, and only the rest
+  // of the prompt is computed (one step). If any hop no longer holds it (or
+  // cannot truncate), the whole prompt is prefilled as without it: never a
+  // wrong token. 0: a fresh session. Must be less than the prompt's length.
+  int64_t resume_length = 0;
 };
 
 struct GenerateEvents {
@@ -149,6 +157,14 @@ struct GenerateResult {
   int busy_retries = 0;     // steps re-sent after a hop was busy
   int moves = 0;            // hops that continued on the node the session moved to
   std::string stop_reason;  // "max_tokens", "eos", "context_length" or "stopped"
+  // Prompt positions the hops already held (options.resume_length when the
+  // resume worked, else 0).
+  int64_t cached_tokens = 0;
+  // The tokens whose KV the final route's hops hold at the end: the prompt
+  // and the generated tokens fed back so far (a prefix of prompt +
+  // generated_ids), and those hops. What a caller keeps to resume from.
+  std::vector<int32_t> kv_tokens;
+  std::vector<std::shared_ptr<ShardEndpoint>> final_hops;
 };
 
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,

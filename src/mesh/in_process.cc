@@ -42,6 +42,11 @@ void InProcessEndpoint::Release(const std::string& session_id, const std::string
   }
 }
 
+int64_t InProcessEndpoint::Truncate(const std::string& session_id, const std::string&,
+                                    int64_t route_epoch, int64_t length) {
+  return node_->manager().Truncate(session_id, route_epoch, length);
+}
+
 InProcessMesh::InProcessMesh(std::shared_ptr<const gguf::GgufFile> file,
                              const InProcessMeshOptions& options, ThreadPool* pool) {
   node::NodeOptions no;

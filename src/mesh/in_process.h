@@ -36,6 +36,8 @@ class InProcessEndpoint final : public ShardEndpoint {
   StepResult Step(StepRequest request) override;
   void Release(const std::string& session_id, const std::string& session_secret,
                int64_t route_epoch) override;
+  int64_t Truncate(const std::string& session_id, const std::string& session_secret,
+                   int64_t route_epoch, int64_t length) override;
 
  private:
   node::Node* node_;
