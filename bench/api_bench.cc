@@ -12,6 +12,12 @@
 //   BM_ApiStreaming/<model>/N: N concurrent streaming clients; time to first
 //     token and inter-token latency p50/p99 as the clients see them, beside
 //     aggregate tokens/s.
+//   BM_MultiTurn/N: N concurrent 10-turn conversations on the real model
+//     (context 4096), each turn the whole conversation so far plus ~120 new
+//     words, 32 tokens generated, streamed; once with --prefix-cache 16 and
+//     once without, in the same run. Reports TTFT of turn 1 and turn 10 on
+//     each side, turn10_over_turn1 (goal <= 1.2 with the cache) and
+//     nocache_over_cache at turn 10.
 #include <benchmark/benchmark.h>
 #include <httplib.h>
 #include <stdlib.h>
@@ -60,6 +66,8 @@ struct ModelSpec {
   std::string path;
   std::string name;
   int sessions = 0;  // KV sessions and API concurrency (`--max-concurrent`)
+  int64_t ctx = 512;
+  int kept = 0;  // --prefix-cache
 };
 
 // One server per model for the whole binary.
@@ -71,8 +79,10 @@ struct Fixture {
     mesh::InProcessMeshOptions mo;
     mo.split = meshnet::node::EvenSplit(3, n_layers);
     mo.kv_config.max_sessions = spec.sessions;
+    if (spec.ctx > 512) mo.kv_config.budget_bytes = int64_t{1} << 30;  // 8 long conversations
     mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
-    meshnet::api::EngineOptions eo{spec.name, 512, spec.sessions, 64};
+    meshnet::api::EngineOptions eo{spec.name, spec.ctx, spec.sessions, 64};
+    eo.prefix_cache_sessions = spec.kept;
     engine = std::make_unique<Engine>(
         meshnet::model::Tokenizer::FromGguf(*file), meshnet::api::ChatFormatter(),
         [m = mesh.get()] { return std::make_unique<mesh::FixedRouteProvider>(m->route()); }, eo);
@@ -111,6 +121,23 @@ Fixture& Real() {
   return f;
 }
 
+// 768-dim, 12 layers, Q8_0, context 4096: multi-turn conversations, with
+// and without the prefix cache (one file for both).
+const std::string& Llama768Long() {
+  static meshnet::bench::TempDir dir("api_bench_long");
+  static const std::string path = meshnet::bench::MakeLlama768(
+      dir.path, "llama768-long", meshnet::GgmlType::kQ8_0, 4096, MESHNET_SHIPPED_MODEL);
+  return path;
+}
+Fixture& LongCached() {
+  static Fixture f({Llama768Long(), "llama768-long", 8, 4096, 16});
+  return f;
+}
+Fixture& LongPlain() {
+  static Fixture f({Llama768Long(), "llama768-long", 8, 4096, 0});
+  return f;
+}
+
 struct StreamTimes {
   double ttft = 0;
   std::vector<double> gaps;
@@ -118,7 +145,9 @@ struct StreamTimes {
 };
 
 // One streamed completion; times are taken as the content events arrive.
-StreamTimes StreamOnce(int port, const std::string& prompt, int max_tokens) {
+// `text`, if set, gets the completion's text.
+StreamTimes StreamOnce(int port, const std::string& prompt, int max_tokens,
+                       std::string* text = nullptr) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(300, 0);
   cli.set_tcp_nodelay(true);
@@ -152,6 +181,8 @@ StreamTimes StreamOnce(int port, const std::string& prompt, int max_tokens) {
       }
       if (ev.find("\"error\":") != std::string::npos) throw std::runtime_error("error: " + ev);
       if (ev.find("\"finish_reason\":null") == std::string::npos) continue;
+      if (text != nullptr)
+        *text += nlohmann::json::parse(ev)["choices"][0]["text"].get<std::string>();
       const Clock::time_point now = Clock::now();
       if (first) {
         t.ttft = Secs(now - start);
@@ -275,6 +306,68 @@ BENCHMARK_CAPTURE(BM_ApiStreaming, real, &Real)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(2);
+
+// ~120 words of turn `turn` of conversation `c`.
+std::string NewWords(int c, int turn) {
+  static const char* kWords[] = {"the",  "little", "girl", "found",  "a",   "red",
+                                 "ball", "in",     "her",  "garden", "and", "she",
+                                 "ran",  "to",     "show", "mom",    "it",  "was"};
+  std::string out = "\nTurn " + std::to_string(turn) + " of " + std::to_string(c) + ":";
+  for (int i = 0; i < 120; ++i) out += std::string(" ") + kWords[(i * 7 + turn * 5 + c) % 18];
+  return out;
+}
+
+// The TTFT of each of 10 turns (averaged over the conversations).
+std::vector<double> TenTurns(Fixture& f, int conversations) {
+  std::vector<std::vector<double>> ttft(conversations, std::vector<double>(10));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < conversations; ++c) {
+    threads.emplace_back([&, c] {
+      std::string chat;
+      for (int turn = 0; turn < 10; ++turn) {
+        chat += NewWords(c, turn) + "\nAnswer:";
+        std::string answer;
+        ttft[c][turn] = StreamOnce(f.port, chat, 32, &answer).ttft;
+        chat += answer;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<double> mean(10, 0);
+  for (const auto& conv : ttft) {
+    for (int t = 0; t < 10; ++t) mean[t] += conv[t] / conversations;
+  }
+  return mean;
+}
+
+// `state.range(0)`: concurrent conversations.
+void BM_MultiTurn(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<double> cached(10, 0), plain(10, 0);
+  int rounds = 0;
+  for (auto _ : state) {
+    const std::vector<double> a = TenTurns(LongPlain(), n);
+    const std::vector<double> b = TenTurns(LongCached(), n);
+    for (int t = 0; t < 10; ++t) {
+      plain[t] += a[t];
+      cached[t] += b[t];
+    }
+    ++rounds;
+  }
+  state.counters["cache_turn1_ms"] = 1e3 * cached[0] / rounds;
+  state.counters["cache_turn10_ms"] = 1e3 * cached[9] / rounds;
+  state.counters["nocache_turn1_ms"] = 1e3 * plain[0] / rounds;
+  state.counters["nocache_turn10_ms"] = 1e3 * plain[9] / rounds;
+  state.counters["cache_turn10_over_turn1"] = cached[9] / cached[0];
+  state.counters["nocache_turn10_over_turn1"] = plain[9] / plain[0];
+  state.counters["nocache_over_cache_turn10"] = plain[9] / cached[9];
+}
+BENCHMARK(BM_MultiTurn)
+    ->Arg(1)
+    ->Arg(4)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace
 

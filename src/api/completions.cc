@@ -28,7 +28,8 @@ struct ResponseHead {
 json Usage(const GenerationOutcome& o) {
   return {{"prompt_tokens", o.prompt_tokens},
           {"completion_tokens", o.completion_tokens},
-          {"total_tokens", o.prompt_tokens + o.completion_tokens}};
+          {"total_tokens", o.prompt_tokens + o.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", o.cached_tokens}}}};
 }
 
 json Envelope(const ResponseHead& h, bool chunk) {

@@ -6,6 +6,7 @@
 
 #include "api/api_error.h"
 #include "api/text_stream.h"
+#include "node/identity.h"
 #include "util/error.h"
 
 namespace meshnet::api {
@@ -52,7 +53,10 @@ Engine::Engine(model::Tokenizer tokenizer, ChatFormatter formatter, ProviderFact
       options_(std::move(options)),
       max_token_bytes_(MaxTokenBytes(tokenizer_)),
       admission_(options_.max_concurrent, options_.max_queue),
-      text_admission_(options_.max_concurrent, options_.max_queue) {}
+      text_admission_(options_.max_concurrent, options_.max_queue),
+      kept_(options_.prefix_cache_sessions > 0
+                ? std::make_unique<KeptSessions>(options_.prefix_cache_sessions)
+                : nullptr) {}
 
 int64_t Engine::MinTokens(size_t bytes) const {
   return (static_cast<int64_t>(bytes) + max_token_bytes_ - 1) / max_token_bytes_;
@@ -153,6 +157,7 @@ PreparedGeneration Engine::Prepare(const CompletionRequest& r,
   g.sampling.top_k = r.top_k;
   g.sampling.seed = r.seed ? *r.seed : std::random_device{}();
   g.stop = r.stop;
+  g.cache_salt = r.cache_salt;
   g.logprobs = r.logprobs;
   g.adjustments = r.adjustments;
   try {
@@ -210,17 +215,61 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
   };
   mesh::GenerateResult result;
   try {
-    std::unique_ptr<mesh::RouteProvider> provider = providers_();
-    result = mesh::Generate(*provider, gen.prompt_ids, GenerateOptionsFor(gen), events);
+    result = GenerateKept(gen, events);
   } catch (const Error& e) {
     throw FromMeshError(e);
   }
+  out.cached_tokens = static_cast<int>(result.cached_tokens);
   if (!stream.stopped()) send(stream.Finish());
   const bool hit_length = !result.stopped && out.completion_tokens >= gen.max_tokens;
   out.finish_reason = hit_length ? "length" : "stop";
   out.logprobs = logprobs.Released(out.text.size());
   metrics_.AddTokens(out.prompt_tokens, out.completion_tokens);
   return out;
+}
+
+mesh::GenerateResult Engine::GenerateKept(const PreparedGeneration& gen,
+                                          const mesh::GenerateEvents& events) {
+  std::unique_ptr<mesh::RouteProvider> provider = providers_();
+  mesh::GenerateOptions options = GenerateOptionsFor(gen);
+  if (!kept_) return mesh::Generate(*provider, gen.prompt_ids, options, events);
+  int64_t shared = 0;
+  std::optional<KeptSession> kept = kept_->Take(gen.cache_salt, gen.prompt_ids, &shared);
+  if (kept) {
+    options.session_id = kept->session_id;
+    options.session_secret = kept->session_secret;
+    options.initial_epoch = kept->epoch;
+    // At least the prompt's last token is computed: its logits give the
+    // first new token.
+    options.resume_length =
+        std::min<int64_t>(shared, static_cast<int64_t>(gen.prompt_ids.size()) - 1);
+  } else {
+    options.session_id = node::RandomId128();  // named here: it is kept by these
+    options.session_secret = node::RandomId128();
+  }
+  options.release_at_end = false;
+  // Hops of the kept session that the generation did not run on still hold
+  // it (a re-planned route): released there.
+  auto release_left_behind = [&](const std::vector<std::shared_ptr<mesh::ShardEndpoint>>& ran) {
+    if (!kept) return;
+    for (const auto& hop : kept->hops) {
+      if (std::find(ran.begin(), ran.end(), hop) == ran.end()) {
+        hop->Release(kept->session_id, kept->session_secret, kept->epoch);
+      }
+    }
+  };
+  mesh::GenerateResult result;
+  try {
+    result = mesh::Generate(*provider, gen.prompt_ids, options, events);
+  } catch (...) {
+    release_left_behind({});  // Generate released it on the hops it ran on
+    throw;
+  }
+  release_left_behind(result.final_hops);
+  metrics_.AddCachedTokens(result.cached_tokens);
+  kept_->Put({gen.cache_salt, std::move(result.kv_tokens), options.session_id,
+              options.session_secret, result.final_epoch, result.final_hops});
+  return result;
 }
 
 nlohmann::json Engine::Health() {

@@ -25,6 +25,7 @@
 #include "api/admission.h"
 #include "api/chat_format.h"
 #include "api/control_text.h"
+#include "api/kept_sessions.h"
 #include "api/logprobs.h"
 #include "api/metrics.h"
 #include "api/request.h"
@@ -43,6 +44,10 @@ struct EngineOptions {
   // Control-token text in what a chat client sends becomes control tokens
   // (llama-server's behaviour); by default it stays text (api/control_text.h).
   bool allow_control_in_content = false;
+  // Sessions kept after their generation for later prompts that start with
+  // their text (api/kept_sessions.h); 0: every session is released at its
+  // end.
+  int prefix_cache_sessions = 0;
 };
 
 // A generation ready to run.
@@ -53,12 +58,14 @@ struct PreparedGeneration {
   shard::LogitAdjustments adjustments;  // penalties, logit_bias (sampled by the client)
   int logprobs = -1;                    // CompletionRequest::logprobs
   std::vector<std::string> stop;
+  std::string cache_salt;  // CompletionRequest::cache_salt
 };
 
 struct GenerationOutcome {
   std::string text;  // everything emitted
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;      // prompt tokens whose KV was reused (the prefix cache)
   std::string finish_reason;  // "stop" or "length"
   bool client_gone = false;
   std::vector<TokenLogprob> logprobs;  // with PreparedGeneration::logprobs >= 0
@@ -126,6 +133,10 @@ class Engine {
  private:
   bool PastShutdownDeadline() const;
   mesh::GenerateOptions GenerateOptionsFor(const PreparedGeneration& gen) const;
+  // Generate, resuming a kept session when one shares the prompt's start,
+  // and keeping this one afterwards (with the prefix cache on).
+  mesh::GenerateResult GenerateKept(const PreparedGeneration& gen,
+                                    const mesh::GenerateEvents& events);
   // The rendered prompt and the byte ranges of control-token text the client
   // sent (to be tokenized as text; none with allow_control_in_content).
   ControlTextMask::Prompt RenderPrompt(const std::vector<ChatMessage>& messages,
@@ -144,6 +155,7 @@ class Engine {
   Admission admission_;
   Admission text_admission_;
   ApiMetrics metrics_;
+  std::unique_ptr<KeptSessions> kept_;  // null: no prefix cache
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> deadline_ns_{0};
 };

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -24,14 +25,16 @@ constexpr char kTemplate[] =
     "{% if m.name %} ({{ m.name }}){% endif %}</s>{% endfor %}<s>assistant:";
 
 struct TestEngine {
-  explicit TestEngine(bool allow_control, const std::string& tmpl = kTemplate) {
+  explicit TestEngine(bool allow_control, const std::string& tmpl = kTemplate, int kept = 0,
+                      int shards = 1) {
     file = std::make_shared<const gguf::GgufFile>(
         gguf::GgufFile::Open(std::string(MESHNET_SOURCE_DIR) + "/models/stories260K.gguf"));
     mesh::InProcessMeshOptions mo;
-    mo.split = node::EvenSplit(1, 5);
+    mo.split = node::EvenSplit(shards, 5);
     mesh = std::make_unique<mesh::InProcessMesh>(file, mo, &pool);
     EngineOptions eo{"stories260K", 512, 1, 1};
     eo.allow_control_in_content = allow_control;
+    eo.prefix_cache_sessions = kept;
     engine = std::make_unique<Engine>(
         model::Tokenizer::FromGguf(*file), ChatFormatter(tmpl, "<s>", "</s>"),
         [m = mesh.get()] { return std::make_unique<mesh::FixedRouteProvider>(m->route()); }, eo);
@@ -101,6 +104,51 @@ TEST(EngineControlText, ATemplateThatCutsControlTextIsA400) {
     EXPECT_EQ(e.status(), 400);
     EXPECT_EQ(e.code(), "template_error");
   }
+}
+
+// The prefix cache (--prefix-cache): the second turn of a chat resumes the
+// first turn's session, kept on every hop, and computes only what is new;
+// its text equals the text without the cache. A request of another
+// cache_salt shares nothing. The store is bounded: with room for one, the
+// hops hold one session after all of it.
+TEST(EnginePrefixCache, TheNextTurnReusesTheKeptSessionAndSaysSo) {
+  TestEngine cached(false, kTemplate, /*kept=*/1, /*shards=*/3), plain(false, kTemplate, 0, 3);
+  auto run = [](TestEngine& t, const std::vector<ChatMessage>& messages,
+                const std::string& salt = "") {
+    CompletionRequest r;
+    r.chat = true;
+    r.messages = messages;
+    r.max_tokens = 24;
+    r.temperature = 0;
+    r.cache_salt = salt;
+    const PreparedGeneration g = t.engine->Prepare(r);
+    return t.engine->Run(g, std::chrono::steady_clock::now(),
+                         [](const std::string&, std::span<const TokenLogprob>) { return true; });
+  };
+  std::vector<ChatMessage> chat = {{"user", "Once upon a time there was a little girl."}};
+  const GenerationOutcome first = run(cached, chat);
+  EXPECT_EQ(first.cached_tokens, 0);
+  EXPECT_EQ(first.text, run(plain, chat).text);
+  chat.push_back({"assistant", first.text});
+  chat.push_back({"user", "What did she find in the garden?"});
+  const GenerationOutcome second = run(cached, chat);
+  const GenerationOutcome second_plain = run(plain, chat);
+  EXPECT_EQ(second.text, second_plain.text);
+  EXPECT_EQ(second.prompt_tokens, second_plain.prompt_tokens);
+  EXPECT_GE(second.cached_tokens, first.prompt_tokens - 2) << "the first turn's prompt is reused";
+  EXPECT_LT(second.cached_tokens, second.prompt_tokens);
+  EXPECT_EQ(second_plain.cached_tokens, 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(cached.mesh->node(i).manager().SessionCount(), 1) << "hop " << i;
+    EXPECT_EQ(plain.mesh->node(i).manager().SessionCount(), 0) << "hop " << i;
+  }
+  const GenerationOutcome other = run(cached, chat, "another tenant");
+  EXPECT_EQ(other.cached_tokens, 0);
+  EXPECT_EQ(other.text, second.text);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(cached.mesh->node(i).manager().SessionCount(), 1);
+  EXPECT_NE(cached.engine->metrics().Render(0, 0).find("meshnet_api_prompt_tokens_cached_total " +
+                                                       std::to_string(second.cached_tokens)),
+            std::string::npos);
 }
 
 }  // namespace

@@ -34,6 +34,11 @@ ApiMetrics::ApiMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             .Help("Generated tokens")
                             .Register(*registry_)
                             .Add({});
+  cached_tokens_ = &prometheus::BuildCounter()
+                        .Name("meshnet_api_prompt_tokens_cached_total")
+                        .Help("Prompt tokens whose KV a kept session already held (prefix cache)")
+                        .Register(*registry_)
+                        .Add({});
   ttft_ = &prometheus::BuildHistogram()
                .Name("meshnet_api_time_to_first_token_seconds")
                .Help("From request arrival to the first generated token")
@@ -65,6 +70,10 @@ void ApiMetrics::CountRequest(const std::string& endpoint, int status) {
 void ApiMetrics::AddTokens(int prompt_tokens, int completion_tokens) {
   prompt_tokens_->Increment(prompt_tokens);
   completion_tokens_->Increment(completion_tokens);
+}
+
+void ApiMetrics::AddCachedTokens(int64_t tokens) {
+  cached_tokens_->Increment(static_cast<double>(tokens));
 }
 
 void ApiMetrics::ObserveTimeToFirstToken(double seconds) { ttft_->Observe(seconds); }

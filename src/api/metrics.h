@@ -1,6 +1,7 @@
 // The API server's Prometheus metrics (prometheus-cpp core, text format):
 //   meshnet_api_requests_total{endpoint,status}
-//   meshnet_api_prompt_tokens_total, meshnet_api_completion_tokens_total
+//   meshnet_api_prompt_tokens_total, meshnet_api_completion_tokens_total,
+//   meshnet_api_prompt_tokens_cached_total
 //   meshnet_api_time_to_first_token_seconds (histogram)
 //   meshnet_api_inter_token_latency_seconds (histogram)
 //   meshnet_api_requests_in_flight, meshnet_api_requests_queued (gauges)
@@ -31,6 +32,8 @@ class ApiMetrics {
 
   void CountRequest(const std::string& endpoint, int status);
   void AddTokens(int prompt_tokens, int completion_tokens);
+  // Prompt tokens whose KV a kept session held (the prefix cache).
+  void AddCachedTokens(int64_t tokens);
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterTokenLatency(double seconds);
   // Prometheus text exposition, with the gauges set to these values.
@@ -43,6 +46,7 @@ class ApiMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* completion_tokens_;
+  prometheus::Counter* cached_tokens_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;
   prometheus::Gauge* in_flight_;

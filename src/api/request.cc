@@ -248,6 +248,20 @@ std::vector<ChatMessage> ParseMessages(const ordered_json& messages) {
   return out;
 }
 
+namespace {
+
+// The request's cache_salt ("" when not given).
+std::string CacheSalt(const ordered_json& body) {
+  const ordered_json* salt = Field(body, "cache_salt");
+  if (salt == nullptr) return "";
+  if (!salt->is_string() || salt->get_ref<const std::string&>().size() > 256) {
+    ThrowBadRequest("'cache_salt' must be a string of at most 256 bytes", "cache_salt");
+  }
+  return salt->get<std::string>();
+}
+
+}  // namespace
+
 CompletionRequest ParseCompletionRequest(const ordered_json& body, bool chat) {
   CompletionRequest r;
   r.chat = chat;
@@ -297,6 +311,7 @@ CompletionRequest ParseCompletionRequest(const ordered_json& body, bool chat) {
   if (const ordered_json* u = Field(body, "user"); u != nullptr && !u->is_string()) {
     ThrowBadRequest("'user' must be a string", "user");
   }
+  r.cache_salt = CacheSalt(body);
   RefuseUnsupported(body);
   r.logprobs = Logprobs(body, chat);
   r.adjustments.frequency_penalty = NumberIn(body, "frequency_penalty", 0.0f, -2.0, 2.0);

@@ -50,6 +50,9 @@ struct CompletionRequest {
   // frequency_penalty, presence_penalty ([-2, 2]), logit_bias (token id ->
   // [-100, 100]; the ids are checked against the vocabulary later).
   shard::LogitAdjustments adjustments;
+  // Requests share kept sessions (the prefix cache) only with requests of
+  // the same salt (at most 256 bytes; "" when not given).
+  std::string cache_salt;
 };
 
 // `body` is the parsed JSON body; `chat` selects the endpoint's schema.

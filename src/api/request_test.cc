@@ -37,6 +37,23 @@ TEST(Request, CompletionPromptAsTokenIds) {
   EXPECT_EQ(r.temperature, 1.0f);
 }
 
+// cache_salt: a string of at most 256 bytes, else a 400 naming it.
+TEST(Request, CacheSaltIsAShortString) {
+  EXPECT_EQ(
+      ParseCompletionRequest(json::parse(R"({"prompt":"a","cache_salt":"t1"})"), false).cache_salt,
+      "t1");
+  EXPECT_EQ(ParseCompletionRequest(json::parse(R"({"prompt":"a"})"), false).cache_salt, "");
+  for (const json& bad : {json(7), json(std::string(257, 'x')), json::array()}) {
+    try {
+      ParseCompletionRequest(json{{"prompt", "a"}, {"cache_salt", bad}}, false);
+      ADD_FAILURE() << "accepted " << bad.dump().substr(0, 40);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "cache_salt");
+    }
+  }
+}
+
 TEST(Request, ToolMessagesKeepTheirExtraFields) {
   const auto m = ParseMessages(json::parse(
       R"([{"role":"assistant","content":null,"tool_calls":[{"id":"c1"}]},

@@ -67,6 +67,7 @@ struct ApiFlags {
   int64_t ctx = 0;
   std::string chat_template;
   bool allow_control_in_content = false;
+  int prefix_cache = 0;  // --prefix-cache: sessions kept for later prompts
   double grace_s = 10.0;
   BatchFlags batch;
 };
@@ -234,6 +235,7 @@ int RunApi(const ApiFlags& f) {
   eo.max_queue = f.queue;
   eo.prefill_chunk = f.prompt_chunk;
   eo.allow_control_in_content = f.allow_control_in_content;
+  eo.prefix_cache_sessions = f.prefix_cache;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
   ExposeRouteCosts(route.remote, engine.metrics());
 
@@ -327,6 +329,12 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_flag("--allow-control-in-content", f->allow_control_in_content,
                 "Let control-token text in chat messages and tools (<|im_start|>, </s> ...) "
                 "become control tokens (default: it stays text)");
+  sub->add_option("--prefix-cache", f->prefix_cache,
+                  "Keep up to N sessions' KV on their hops after their requests end; a later "
+                  "request (same cache_salt) whose prompt starts with one's text, e.g. the next "
+                  "turn of a chat, computes only the rest (0: off; 0..4096)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   sub->add_option("--grace", f->grace_s, "Seconds in-flight requests get to finish on shutdown")
       ->capture_default_str();
   AddBatchFlags(sub, &f->batch, "each in-process shard");
