@@ -175,6 +175,7 @@ mesh::GenerateOptions Engine::GenerateOptionsFor(const PreparedGeneration& gen) 
   options.adjustments = gen.adjustments;
   options.want_logits = gen.logprobs >= 0;
   options.prefill_chunk = options_.prefill_chunk;
+  options.speculate = options_.speculate;
   if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
   options.stop_ids = tokenizer_.eog_ids();  // eos, eot, eom, <|im_end|>, ...
   return options;
@@ -194,7 +195,9 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
     if (!emit(text, logprobs.Take(out.text.size()))) out.client_gone = true;
   };
   mesh::GenerateEvents events;
-  events.on_logits = [&](std::span<const float> row) { logprobs.Row(row); };
+  if (gen.logprobs >= 0) {
+    events.on_logits = [&](std::span<const float> row) { logprobs.Row(row); };
+  }
   events.on_token = [&](int32_t id) {
     const Clock::time_point now = Clock::now();
     if (out.completion_tokens == 0) {

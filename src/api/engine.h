@@ -48,6 +48,7 @@ struct EngineOptions {
   // their text (api/kept_sessions.h); 0: every session is released at its
   // end.
   int prefix_cache_sessions = 0;
+  int speculate = 0;  // mesh::GenerateOptions::speculate (draft tokens per step)
 };
 
 // A generation ready to run.

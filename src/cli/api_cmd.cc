@@ -68,6 +68,7 @@ struct ApiFlags {
   std::string chat_template;
   bool allow_control_in_content = false;
   int prefix_cache = 0;  // --prefix-cache: sessions kept for later prompts
+  int speculate = 0;     // --speculate
   double grace_s = 10.0;
   BatchFlags batch;
 };
@@ -236,6 +237,7 @@ int RunApi(const ApiFlags& f) {
   eo.prefill_chunk = f.prompt_chunk;
   eo.allow_control_in_content = f.allow_control_in_content;
   eo.prefix_cache_sessions = f.prefix_cache;
+  eo.speculate = f.speculate;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
   ExposeRouteCosts(route.remote, engine.metrics());
 
@@ -334,6 +336,12 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
                   "request (same cache_salt) whose prompt starts with one's text, e.g. the next "
                   "turn of a chat, computes only the rest (0: off; 0..4096)")
       ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  sub->add_option("--speculate", f->speculate,
+                  "Speculative decoding: up to K draft tokens per step from prompt lookup, "
+                  "verified by the route in one pass; the same output as without (0 = off; "
+                  "not with logprobs, penalties or logit_bias)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   sub->add_option("--grace", f->grace_s, "Seconds in-flight requests get to finish on shutdown")
       ->capture_default_str();

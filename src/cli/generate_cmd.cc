@@ -54,6 +54,7 @@ struct GenerateFlags {
   double timeout_s = 30.0;
   int pipeline_depth = 0;                      // --pipeline-depth (rpc::ClientOptions)
   int64_t prompt_chunk = kDefaultPromptChunk;  // --prompt-chunk
+  int speculate = 0;                           // --speculate
   bool no_bos = false;
   bool special = false;
   std::string dump_logits;
@@ -165,6 +166,7 @@ mesh::GenerateOptions MakeGenerateOptions(const GenerateFlags& f, const gguf::Gg
   if (tokenizer.eos_id() != model::kNoToken) options.eos_id = tokenizer.eos_id();
   options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
   options.prefill_chunk = f.prompt_chunk;
+  options.speculate = f.speculate;
   if (!f.force_file.empty()) {
     options.forced_ids = tokenizer.Tokenize(ReadForceFile(f.force_file), false, f.special);
   }
@@ -238,9 +240,19 @@ int RunOneGeneration(const GenerateFlags& f, mesh::RouteProvider& provider,
     out["prompt_ids"] = prompt_ids;
     out["generated_ids"] = result.generated_ids;
     out["text"] = text;
+    if (options.speculate > 0) {
+      out["speculation"] = {{"verify_steps", result.verify_steps},
+                            {"drafted", result.drafted},
+                            {"accepted", result.accepted}};
+    }
     std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   } else {
     PrintNow(assembler.Flush() + "\n");
+    if (options.speculate > 0) {
+      std::fprintf(stderr, "meshnet: speculation: %lld of %lld drafts accepted in %lld steps\n",
+                   static_cast<long long>(result.accepted), static_cast<long long>(result.drafted),
+                   static_cast<long long>(result.verify_steps));
+    }
   }
   return 0;
 }
@@ -335,6 +347,12 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
       ->capture_default_str();
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
   AddPromptChunkFlag(sub, &f->prompt_chunk);
+  sub->add_option("--speculate", f->speculate,
+                  "Speculative decoding: up to K draft tokens per step from prompt lookup (the "
+                  "tokens that followed the text's last 3, 2 or 1 tokens earlier on), verified "
+                  "by the route in one pass; the output is the same as without (0 = off)")
+      ->capture_default_str()
+      ->check(IntRange(0, 64));
   return sessions;
 }
 

@@ -298,6 +298,47 @@ TEST(Generation, ResumingAKeptSessionGivesTheFreshRunsOutput) {
   }
 }
 
+// Speculative decoding (GenerateOptions::speculate): prompt-lookup drafts
+// verified by the tail in one pass give exactly the tokens of one-token
+// steps, greedy and with seeded sampling, on one hop and on three; drafts
+// are accepted and rejected along the way, and every hop ends holding
+// exactly the kept text (the rejected drafts dropped).
+TEST(Generation, SpeculationGivesThePlainTokens) {
+  const std::vector<int32_t> prompt = Prompt();
+  for (const int shards : {1, 3}) {
+    InProcessMeshOptions mo;
+    mo.split = node::EvenSplit(shards, 5);
+    InProcessMesh mesh(File(), mo, Pool());
+    for (const float temperature : {0.0f, 0.8f}) {
+      shard::SamplingContract sampling;
+      sampling.temperature = temperature;
+      sampling.seed = 11;
+      const RunOutput plain = Generate(mesh, prompt, 96, {}, sampling);
+      FixedRouteProvider provider(mesh.route());
+      GenerateOptions o;
+      o.max_tokens = 96;
+      o.sampling = sampling;
+      o.speculate = 4;
+      o.session_id = "0123456789abcdef0123456789abcdef";
+      o.session_secret = "s";
+      o.release_at_end = false;
+      const GenerateResult r = mesh::Generate(provider, prompt, o);
+      const std::string what =
+          std::to_string(shards) + " shards, temperature " + std::to_string(temperature);
+      EXPECT_EQ(r.generated_ids, plain.tokens) << what;
+      EXPECT_GT(r.verify_steps, 0) << what;
+      EXPECT_GT(r.accepted, 0) << what;
+      EXPECT_LT(r.accepted, r.drafted) << what << ": no draft was rejected";
+      for (int i = 0; i < shards; ++i) {
+        auto& m = mesh.node(i).manager();
+        EXPECT_EQ(m.Get(o.session_id, 0).seq_len(), static_cast<int64_t>(r.kv_tokens.size()))
+            << what << ", hop " << i;
+        m.Release(o.session_id, 0);
+      }
+    }
+  }
+}
+
 // Penalties and bias are applied by the client to the tail's row: each token
 // is the argmax of its adjusted row; the unadjusted run is unchanged.
 TEST(Generation, PenaltiesAndBiasAreAppliedToEveryRow) {

@@ -41,6 +41,8 @@ int64_t ShardEndpoint::Truncate(const std::string&, const std::string&, int64_t,
 
 namespace {
 
+constexpr int kMaxSpeculate = 64;
+
 // Releases the session, at the latest epoch, on every hop that may hold it
 // (every route it ran on) when the generation ends, however it ends.
 class SessionReleaser {
@@ -78,6 +80,9 @@ void ValidateGenerate(std::span<const int32_t> prompt_ids, const GenerateOptions
   if (prompt_ids.empty()) ThrowInvalidArgument("the prompt must hold at least one token");
   if (options.max_tokens < 0) ThrowInvalidArgument("max_tokens must be >= 0");
   if (options.prefill_chunk < 0) ThrowInvalidArgument("prefill_chunk must be >= 0");
+  if (options.speculate < 0 || options.speculate > kMaxSpeculate) {
+    ThrowInvalidArgument("speculate must be in 0.." + std::to_string(kMaxSpeculate));
+  }
   if (options.resume_length < 0 ||
       options.resume_length >= static_cast<int64_t>(prompt_ids.size()) ||
       (options.resume_length > 0 &&
@@ -117,6 +122,14 @@ class GenerationLoop {
     history_.assign(prompt_ids.begin(), prompt_ids.end());
     history_.reserve(history_.size() + options.max_tokens);
     result_.generated_ids.reserve(options.max_tokens);
+    // A verify step answers one logits row (the last): no speculation where
+    // every token's row is wanted.
+    speculate_ = options.adjustments.active() || !options.forced_ids.empty() ||
+                         options.want_logits || events.on_logits
+                     ? 0
+                     : options.speculate;
+    drafts_.reserve(static_cast<size_t>(speculate_));
+    send_.reserve(static_cast<size_t>(speculate_) + 1);
   }
 
   GenerateResult Run() {
@@ -151,9 +164,16 @@ class GenerationLoop {
       if (step.interrupted) continue;  // a chunked prefill stopped: Stopping() says why
       need_prefill_ = false;
       fed_ = static_cast<int64_t>(history_.size());  // every hop holds the whole text now
-      if (!Accept(step)) break;
+      if (!drafts_.empty()) {
+        if (!AcceptDrafts(step)) break;
+      } else if (!Accept(step)) {
+        break;
+      }
     }
-    if (!options_.release_at_end) releaser_.Disarm();
+    if (!options_.release_at_end) {
+      releaser_.Disarm();
+      DropRejectedDrafts();
+    }
     result_.final_epoch = epoch_;
     result_.final_route = route_.Describe();
     result_.final_hops = route_.hops;
@@ -176,7 +196,7 @@ class GenerationLoop {
       return;  // a miss, a dead hop, no truncation: the prefill sorts it out
     }
     need_prefill_ = false;
-    fed_ = length;
+    fed_ = held_ = length;
     result_.cached_tokens = length;
   }
 
@@ -203,15 +223,17 @@ class GenerationLoop {
   // route of one hop no activations cross a wire and the node chunks a long
   // prompt itself), else a decode of its last token.
   StepOutcome NextStep() {
-    const StepHead head{session_,
-                        secret_,
-                        epoch_,
-                        &options_.sampling,
-                        static_cast<int>(route_.hops.size()),
-                        options_.want_logits || options_.adjustments.active()};
+    StepHead head{session_,
+                  secret_,
+                  epoch_,
+                  &options_.sampling,
+                  static_cast<int>(route_.hops.size()),
+                  options_.want_logits || options_.adjustments.active()};
+    drafts_.clear();
     const int64_t chunk = options_.prefill_chunk;
     const auto n = static_cast<int64_t>(history_.size());
     if (need_prefill_ && chunk > 0 && n > chunk && route_.hops.size() > 1) {
+      held_ = n;
       const uint64_t first = step_id_ + 1;
       step_id_ += static_cast<uint64_t>(ChunkCount(n, chunk));
       return RunChunkedPrefill(route_, provider_, head, first, history_, chunk,
@@ -219,12 +241,72 @@ class GenerationLoop {
     }
     if (need_prefill_) {
       result_.cached_tokens = 0;  // a re-prefill after a resume computes it all
+      held_ = n;
       return RunRouteStep(route_, provider_, head, ++step_id_, true, history_, {});
     }
-    // The tokens the hops do not hold yet: the last one when decoding, the
-    // rest of the prompt after a resume.
-    return RunRouteStep(route_, provider_, head, ++step_id_, false,
-                        std::span<const int32_t>(history_).subspan(fed_), fed_);
+    // The tokens the hops do not hold yet (the last one when decoding, the
+    // rest of the prompt after a resume) and the drafts.
+    head.rewind = held_ > fed_;  // drafts of the last step that were rejected
+    send_.assign(history_.begin() + fed_, history_.end());
+    if (speculate_ > 0) Draft(n);
+    send_.insert(send_.end(), drafts_.begin(), drafts_.end());
+    head.verify = !drafts_.empty();
+    held_ = fed_ + static_cast<int64_t>(send_.size());
+    return RunRouteStep(route_, provider_, head, ++step_id_, false, send_, fed_);
+  }
+
+  // A kept session's hops hold exactly its kv_tokens: drafts the last step
+  // rejected are dropped now, not by a next step (best effort: a hop that
+  // fails here is found out by the next resume's truncation).
+  void DropRejectedDrafts() {
+    if (held_ <= fed_ || need_prefill_) return;
+    try {
+      for (const auto& hop : route_.hops) hop->Truncate(session_, secret_, epoch_, fed_);
+      held_ = fed_;
+    } catch (const std::exception&) {
+    }
+  }
+
+  // Prompt lookup: the tokens that followed the latest earlier occurrence of
+  // the text's last 3 (else 2, else 1) tokens, at most speculate_, and no
+  // more than the context and max_tokens leave room for.
+  void Draft(int64_t n) {
+    int64_t room = speculate_;
+    room = std::min<int64_t>(
+        room, options_.max_tokens - static_cast<int64_t>(result_.generated_ids.size()) - 1);
+    if (options_.context_length > 0) room = std::min(room, options_.context_length - n - 1);
+    for (int64_t g = std::min<int64_t>(3, n - 1); g >= 1 && room > 0; --g) {
+      const auto tail = history_.end() - g;
+      for (int64_t start = n - g - 1; start >= 0; --start) {
+        if (!std::equal(tail, history_.end(), history_.begin() + start)) continue;
+        for (int64_t p = start + g; p < n && static_cast<int64_t>(drafts_.size()) < room; ++p) {
+          drafts_.push_back(history_[p]);
+        }
+        return;
+      }
+    }
+  }
+
+  // A verify step's answer: the token after the last fed one, then each
+  // draft the tail sampled too (and the token after it), up to the first
+  // draft it did not: exactly what one-token steps would have given.
+  bool AcceptDrafts(const StepOutcome& step) {
+    const size_t k = drafts_.size();
+    if (step.row_tokens.size() != k + 1) {
+      throw Error(ErrorKind::kBoundaryContract, "the tail verified " +
+                                                    std::to_string(step.row_tokens.size()) +
+                                                    " rows of " + std::to_string(k + 1));
+    }
+    ++result_.verify_steps;
+    result_.drafted += static_cast<int64_t>(k);
+    for (size_t i = 0; i <= k; ++i) {
+      if (static_cast<int>(result_.generated_ids.size()) >= options_.max_tokens) break;
+      if (!AcceptToken(step.row_tokens[i], step)) return false;
+      if (i == k || step.row_tokens[i] != drafts_[i]) break;
+      ++fed_;  // the hops hold this draft, and it is the text's next token
+      ++result_.accepted;
+    }
+    return true;
   }
 
   // Whether the caller wants the generation to end (asked between pieces of a
@@ -309,6 +391,11 @@ class GenerationLoop {
     const int32_t token = i < options_.forced_ids.size() ? options_.forced_ids[i]
                           : adjusting                    ? SampleAdjusted(step)
                                                          : *step.token;
+    return AcceptToken(token, step);
+  }
+
+  bool AcceptToken(int32_t token, const StepOutcome& step) {
+    const bool adjusting = options_.adjustments.active();
     if (events_.on_logits) events_.on_logits(step.logits);
     if (options_.eos_id && token == *options_.eos_id) {
       result_.stop_reason = "eos";
@@ -339,7 +426,10 @@ class GenerationLoop {
   double busy_backoff_ = 0.05;
   std::vector<int32_t> history_;
   bool need_prefill_ = true;
-  int64_t fed_ = 0;  // tokens of history_ whose KV every hop of route_ holds
+  int64_t fed_ = 0;   // tokens of history_ whose KV every hop of route_ holds
+  int64_t held_ = 0;  // positions the hops hold (more than fed_: rejected drafts)
+  int speculate_ = 0;
+  std::vector<int32_t> drafts_, send_;
   int recoveries_ = 0;
   uint64_t step_id_ = 0;
   double backoff_ = 0;

@@ -133,6 +133,17 @@ struct GenerateOptions {
   // cannot truncate), the whole prompt is prefilled as without it: never a
   // wrong token. 0: a fresh session. Must be less than the prompt's length.
   int64_t resume_length = 0;
+  // Speculative decoding: up to this many draft tokens per step (0: off),
+  // proposed by prompt lookup (the tokens that followed the latest earlier
+  // occurrence of the text's last 3, 2 or 1 tokens; no draft model). The
+  // route computes the last token and the drafts in one pass; the tail
+  // samples after every row with the sampling contract at that row's
+  // position, so the drafts the client keeps are exactly the tokens plain
+  // decoding would give (greedy or seeded sampling alike), and the next step
+  // has the hops drop the rejected ones. Not with adjustments, forced ids,
+  // want_logits or an on_logits event (their steps decode one token at a
+  // time: a verify step answers only its last row's logits).
+  int speculate = 0;
 };
 
 struct GenerateEvents {
@@ -165,6 +176,10 @@ struct GenerateResult {
   // generated_ids), and those hops. What a caller keeps to resume from.
   std::vector<int32_t> kv_tokens;
   std::vector<std::shared_ptr<ShardEndpoint>> final_hops;
+  // Speculation: steps that carried drafts, drafts sent, drafts accepted.
+  int64_t verify_steps = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
 };
 
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,

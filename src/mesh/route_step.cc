@@ -35,6 +35,8 @@ StepRequest MakeRequest(const StepHead& head, uint64_t step_id, bool prefill,
   req.route_hops = std::min(head.hops, node::kMaxRouteHops);
   if (head.sampling != nullptr) req.sampling = *head.sampling;
   req.want_logits = head.want_logits;
+  req.rewind = head.rewind && !prefill;
+  req.verify = head.verify && !prefill;
   return req;
 }
 
@@ -115,6 +117,7 @@ bool TakeResult(StepResult result, const Route& route, size_t i, StepOutcome* ou
   auto& tail = std::get<shard::TailOutput>(result);
   out->token = tail.token_id;
   out->logits = std::move(tail.logits);
+  out->row_tokens = std::move(tail.row_tokens);
   return true;
 }
 
@@ -287,7 +290,7 @@ StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const StepHead& 
   std::optional<CohortCarrier::Carried> carried;
   CohortCarrier* carrier = provider.carrier();
   if (carrier != nullptr && !prefill && tokens.size() == 1 && route.hops.size() > 1 &&
-      !head.want_logits) {
+      !head.want_logits && !head.rewind && !head.verify) {
     StepRequest req = MakeRequest(head, step_id, prefill, expected);
     req.token_ids.assign(tokens.begin(), tokens.end());
     carried = carrier->Carry(route, std::move(req));

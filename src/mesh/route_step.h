@@ -38,6 +38,7 @@ namespace meshnet::mesh {
 // The outcome of pushing one step through every hop of the route.
 struct StepOutcome {
   std::optional<int32_t> token;             // the tail's sample
+  std::vector<int32_t> row_tokens;          // a verify step: the tail's sample after each row
   std::vector<float> logits;                // the tail's logits
   std::optional<kv::CacheMiss> miss;        // some hop lost its state
   const ShardEndpoint* dead_hop = nullptr;  // some hop is unreachable
@@ -56,6 +57,9 @@ struct StepHead {
   const shard::SamplingContract* sampling = nullptr;
   int hops = 0;              // the route's length, told to every node (StepRequest::route_hops)
   bool want_logits = false;  // StepRequest::want_logits (such steps are not carried in cohorts)
+  // A decode step of speculative decoding (StepRequest::rewind / verify).
+  bool rewind = false;
+  bool verify = false;
 };
 
 // One step (`prefill`: open a fresh context) of `tokens` through every hop.

@@ -32,7 +32,7 @@ void BatchOptions::Validate() const {
 bool PlaceBatch(size_t steps, int64_t rows) { return steps > 1 || rows > 1; }
 
 bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o) {
-  return q.opens && q.total > 1 &&
+  return (q.opens || q.verify) && q.total > 1 &&
          q.total <= std::min({o.short_prompt, o.prefill_chunk, o.max_batch_tokens});
 }
 

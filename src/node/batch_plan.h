@@ -55,11 +55,14 @@ struct QueuedRows {
   int64_t total = 0;  // the step's rows
   int64_t done = 0;   // rows already computed (earlier chunks)
   bool opens = true;  // the step opens its context (position 0): a whole prompt
+  // A speculative decode step (its last token and the drafts): a decode
+  // step of several rows, run whole beside the others like a short prompt.
+  bool verify = false;
 };
 
 // A step of one row: a decode step (or a one-token prompt).
 inline bool IsDecodeRows(const QueuedRows& q) { return q.total == 1; }
-// A prompt admitted whole (step 3 above).
+// A prompt admitted whole (step 3 above), or a verify step (QueuedRows::verify).
 bool IsShortPrompt(const QueuedRows& q, const BatchOptions& o);
 
 // Whether a batch of `steps` steps and `rows` rows runs with its leader and

@@ -568,7 +568,7 @@ void Batcher::TakeTurnLocked() {
 }
 
 QueuedRows Batcher::RowsOf(const Item& item) {
-  return {item.step->n_new, item.done, item.step->step.start_pos() == 0};
+  return {item.step->n_new, item.done, item.step->step.start_pos() == 0, item.step->verify};
 }
 
 bool Batcher::RunsNowPendingLocked() const {

@@ -72,6 +72,8 @@ shard::BeginResult Node::Begin(StepRequest& request) {
   shard::StepInput input;
   input.token_ids = TokensOf(request);
   if (request.bundle) input.bundle = &*request.bundle;
+  input.rewind = request.rewind;
+  input.verify = request.verify;
   shard::BeginResult begun =
       request.prefill
           ? adapter_->BeginPrefill(request.session_id, request.route_epoch, input, request.sampling)

@@ -34,8 +34,9 @@ int64_t MicrosSince(Clock::time_point t0) {
 uint32_t RequestDigest(const StepRequest& r, const ReplyFormat& format) {
   uint32_t c = 0;
   auto mix = [&c](const void* p, size_t n) { c = Crc32cExtend(c, p, n); };
-  const int64_t head[4] = {r.prefill ? 1 : 0, r.expected_seq_len.has_value() ? 1 : 0,
-                           r.expected_seq_len.value_or(0), r.bundle ? 2 : 1};
+  const int64_t head[5] = {r.prefill ? 1 : 0, r.expected_seq_len.has_value() ? 1 : 0,
+                           r.expected_seq_len.value_or(0), r.bundle ? 2 : 1,
+                           (r.rewind ? 1 : 0) | (r.verify ? 2 : 0)};
   mix(head, sizeof head);
   if (r.bundle) {
     const shard::BoundaryBundle& b = *r.bundle;

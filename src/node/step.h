@@ -58,6 +58,11 @@ struct StepRequest {
   // Hops on the sender's route (0: not said): each node gives long prompts
   // its 1/route_hops part of the decoding sessions' share (node::PrefillBudget).
   int route_hops = 0;
+  // Speculative decoding (shard::StepInput): a decode step that first drops
+  // the positions past expected_seq_len (`rewind`: the draft tokens the
+  // client rejected), and whose tail samples after every row (`verify`).
+  bool rewind = false;
+  bool verify = false;
 };
 
 // The most hops a step may say its route has.

@@ -274,6 +274,8 @@ void EncodeStepRequest(const node::StepRequest& r, KvDtype input_dtype, KvDtype 
   out->set_output_dtype(ToWireDtype(output_dtype));
   out->set_omit_logits(!want_logits);
   out->set_route_hops(r.route_hops);
+  out->set_rewind(r.rewind);
+  out->set_verify(r.verify);
 }
 
 node::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_epoch) {
@@ -284,6 +286,7 @@ node::StepResult DecodeStepResponse(const pb::StepResponse& in, int64_t route_ep
       shard::TailOutput t;
       t.token_id = in.tail().token_id();
       t.logits.assign(in.tail().logits().begin(), in.tail().logits().end());
+      t.row_tokens.assign(in.tail().row_tokens().begin(), in.tail().row_tokens().end());
       return t;
     }
     case pb::StepResponse::kMiss:
@@ -323,6 +326,11 @@ node::StepRequest DecodeStepRequest(const pb::StepRequest& in) {
   }
   if (in.output_dtype() != pb::DTYPE_UNSPECIFIED) FromWireDtype(in.output_dtype());
   r.sampling = DecodeSampling(in.sampling());
+  r.rewind = in.rewind();
+  r.verify = in.verify();
+  if ((r.rewind || r.verify) && (r.prefill || !r.expected_seq_len)) {
+    ThrowInvalidArgument("rewind and verify need a decode step with expected_seq_len");
+  }
   return r;
 }
 
@@ -333,6 +341,7 @@ void EncodeStepResult(const node::StepResult& r, int64_t route_epoch, KvDtype ou
   } else if (const auto* t = std::get_if<shard::TailOutput>(&r)) {
     pb::TailOutput* tail = out->mutable_tail();
     tail->set_token_id(t->token_id);
+    tail->mutable_row_tokens()->Assign(t->row_tokens.begin(), t->row_tokens.end());
     if (want_logits) tail->mutable_logits()->Assign(t->logits.begin(), t->logits.end());
   } else {
     EncodeCacheMiss(std::get<kv::CacheMiss>(r), out->mutable_miss());

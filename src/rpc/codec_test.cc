@@ -131,6 +131,8 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
   r.sampling.top_k = 3;
   r.sampling.seed = 11;
   r.route_hops = 3;
+  r.rewind = true;
+  r.verify = true;
   pb::StepRequest wire;
   EncodeStepRequest(r, KvDtype::kF32, KvDtype::kBF16, false, &wire);
   EXPECT_EQ(wire.output_dtype(), pb::DTYPE_BF16);
@@ -147,8 +149,16 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
   EXPECT_EQ(back.sampling.seed, 11u);
   EXPECT_EQ(back.sampling.top_p, 1.0f);
   EXPECT_EQ(back.route_hops, 3);
+  EXPECT_TRUE(back.rewind);
+  EXPECT_TRUE(back.verify);
 
   pb::StepRequest w = wire;
+  w.set_has_expected_seq_len(false);  // rewind and verify are for decode steps
+  ExpectThrowsKind([&] { DecodeStepRequest(w); }, ErrorKind::kInvalidArgument, "verify");
+  w = wire;
+  w.set_prefill(true);
+  ExpectThrowsKind([&] { DecodeStepRequest(w); }, ErrorKind::kInvalidArgument, "verify");
+  w = wire;
   w.set_session_id("not-hex");
   ExpectThrowsKind([&] { DecodeStepRequest(w); }, ErrorKind::kInvalidArgument, "session id");
   w = wire;
@@ -172,12 +182,13 @@ TEST(CodecTest, StepRequestRoundTripAndValidation) {
 
 TEST(CodecTest, ResultsRoundTrip) {
   pb::StepResponse resp;
-  shard::TailOutput t{42, {0.5f, -1.0f}};
+  shard::TailOutput t{42, {0.5f, -1.0f}, {7, 9, 42}};
   EncodeStepResult(t, 0, KvDtype::kF32, true, &resp);
   auto back = DecodeStepResponse(resp, 0);
   ASSERT_TRUE(std::holds_alternative<shard::TailOutput>(back));
   EXPECT_EQ(std::get<shard::TailOutput>(back).token_id, 42);
   EXPECT_EQ(std::get<shard::TailOutput>(back).logits, t.logits);
+  EXPECT_EQ(std::get<shard::TailOutput>(back).row_tokens, t.row_tokens);
 
   resp.Clear();
   EncodeStepResult(t, 0, KvDtype::kF32, false, &resp);

@@ -78,6 +78,9 @@ struct SamplingContract {
 struct TailOutput {
   int token_id = 0;
   std::vector<float> logits;  // (vocab) of the last position
+  // A verify step (StepInput::verify): the token sampled after each of its
+  // rows, in order (the last is token_id). Empty otherwise.
+  std::vector<int32_t> row_tokens;
 };
 
 }  // namespace meshnet::shard

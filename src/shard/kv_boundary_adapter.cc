@@ -120,6 +120,13 @@ BeginResult KvBoundaryAdapter::Begin(std::string_view session_id, int64_t route_
   const int64_t n_new = Validate(input.token_ids, input.bundle, expected_seq_len, sampling);
 
   // 2. Reserve rows (resolve + budget); a gone state is an explicit miss.
+  if (input.rewind && expected_seq_len) {
+    try {
+      manager_->Truncate(session_id, route_epoch, *expected_seq_len);
+    } catch (const Error&) {
+      // A gone or stale state: BeginStep answers it as usual.
+    }
+  }
   kv::StepResult begun =
       manager_->BeginStep(session_id, route_epoch, n_new, &recipe_, expected_seq_len);
   if (auto* miss = std::get_if<kv::CacheMiss>(&begun)) return std::move(*miss);
@@ -127,6 +134,7 @@ BeginResult KvBoundaryAdapter::Begin(std::string_view session_id, int64_t route_
   p.step = std::move(std::get<kv::KvStep>(begun));
   p.n_new = n_new;
   p.sampling = sampling;
+  p.verify = input.verify;
   const int64_t start = p.step.start_pos();
   CheckContext(start, n_new);  // not committed: the reserved rows are given back
   if (!role_.is_head() && input.bundle->positions[0] != start) {
@@ -145,6 +153,22 @@ BeginResult KvBoundaryAdapter::Begin(std::string_view session_id, int64_t route_
   return p;
 }
 
+TailOutput KvBoundaryAdapter::VerifyRows(PendingStep& p) const {
+  const int64_t vocab = shard_->hparams().vocab_size;
+  const int64_t start = p.step.start_pos();
+  std::vector<float> all(static_cast<size_t>(p.n_new * vocab));
+  shard_->LogitsRows(p.hidden.data(), p.n_new, all.data());
+  TailOutput out;
+  out.row_tokens.resize(static_cast<size_t>(p.n_new));
+  for (int64_t i = 0; i < p.n_new; ++i) {
+    const std::span<const float> row(all.data() + i * vocab, static_cast<size_t>(vocab));
+    out.row_tokens[static_cast<size_t>(i)] = p.sampling.Sample(row, start + i + 1);
+  }
+  out.logits.assign(all.end() - vocab, all.end());
+  out.token_id = out.row_tokens.back();
+  return out;
+}
+
 StepOutput KvBoundaryAdapter::Finish(PendingStep& p) const {
   const model::LlamaHParams& hp = shard_->hparams();
   const int64_t n_embd = hp.n_embd;
@@ -157,6 +181,7 @@ StepOutput KvBoundaryAdapter::Finish(PendingStep& p) const {
     // Only the last row reaches the head (prunes_rows_at_tail); the final norm
     // is applied inside Logits (normalizes_before_head).
     TailOutput out;
+    if (p.verify) return VerifyRows(p);
     if (!p.logits_ready) {
       p.logits.resize(hp.vocab_size);
       shard_->Logits(p.hidden.data() + (n_new - 1) * n_embd, p.logits.data());

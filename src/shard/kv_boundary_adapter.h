@@ -36,6 +36,12 @@ namespace meshnet::shard {
 struct StepInput {
   std::optional<std::span<const int32_t>> token_ids;
   BoundaryBundle* bundle = nullptr;
+  // Speculative decoding. `rewind`: a decode step whose context holds more
+  // than its expected_seq_len positions (a draft the client rejected) first
+  // drops the extra ones. `verify`: the tail samples after every row of the
+  // step, not only the last (TailOutput::row_tokens).
+  bool rewind = false;
+  bool verify = false;
 };
 
 using StepOutput = std::variant<BoundaryBundle, TailOutput, kv::CacheMiss>;
@@ -52,6 +58,7 @@ struct PendingStep {
   // (a batch runs the LM head over every finished session at once).
   std::vector<float> logits;
   bool logits_ready = false;
+  bool verify = false;  // StepInput::verify
   // Hops on the client's route (node::StepRequest::route_hops; 0: not said):
   // a scheduling hint for the node's batcher (node::DecodeLoad::hops).
   int route_hops = 0;
@@ -104,6 +111,8 @@ class KvBoundaryAdapter {
   BeginResult Begin(std::string_view session_id, int64_t route_epoch, const StepInput& input,
                     std::optional<int64_t> expected_seq_len, const SamplingContract& sampling);
   StepOutput Run(BeginResult begun);
+  // The tail's answer to a verify step: a token after every row.
+  TailOutput VerifyRows(PendingStep& p) const;
   const CertifiedArchitecture& arch() const { return shard_->arch(); }
   const LlamaShard* shard_;
   kv::HotKvStateManager* manager_;

@@ -158,6 +158,31 @@ TEST_F(CliHardeningTest, KvReplayDirectoryExitsTwo) {
   EXPECT_THAT(r.err, HasSubstr("a directory")) << Describe(r);
 }
 
+// generate --speculate K prints the text and ids of --speculate 0 (greedy
+// and sampled), says how many drafts it kept, and refuses K outside 0..64
+// at parse time.
+TEST_F(CliHardeningTest, SpeculationKeepsTheOutput) {
+  for (const char* temperature : {"0", "0.9"}) {
+    std::vector<std::string> args = {
+        "generate", "--prompt",      "Once upon a time", "-n",       "96",  "--seed",
+        "3",        "--temperature", temperature,        "--output", "json"};
+    const CliResult plain = Run(args);
+    args.insert(args.end(), {"--speculate", "4"});
+    const CliResult spec = Run(args);
+    ASSERT_EQ(plain.exit_code, 0) << Describe(plain);
+    ASSERT_EQ(spec.exit_code, 0) << Describe(spec);
+    const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(spec.out);
+    EXPECT_EQ(b["generated_ids"], a["generated_ids"]) << temperature;
+    EXPECT_EQ(b["text"], a["text"]) << temperature;
+    EXPECT_GT(b["speculation"]["verify_steps"].get<int>(), 0);
+  }
+  for (const char* bad : {"-1", "65"}) {
+    const CliResult r = Run({"generate", "--prompt", "x", "--speculate", bad});
+    EXPECT_NE(r.exit_code, 0) << bad << "\n" << Describe(r);
+    EXPECT_THAT(r.err, HasSubstr("--speculate: must be an integer in 0..64")) << Describe(r);
+  }
+}
+
 // generate takes the dtype spellings serve takes.
 TEST_F(CliHardeningTest, GenerateAcceptsHalfPrecisionAliases) {
   for (const char* dtype : {"f16", "bf16", "fp32"}) {

@@ -103,6 +103,37 @@ TEST_F(MeshProcessTest, ThreeNodeRouteMatchesInProcess) {
   }
 }
 
+// Speculative decoding over three meshnet serve nodes (verify and rewind on
+// the wire): the in-process run's tokens, greedy and sampled, with drafts
+// accepted and rejected; a kept session's hops hold exactly its text.
+TEST_F(MeshProcessTest, SpeculationOverNodesMatchesInProcess) {
+  auto a = Start("0-1"), b = Start("2-3"), c = Start("4-4");
+  auto provider = MakeRemoteRouteProvider({a->address(), b->address(), c->address()}, Client());
+  for (float temperature : {0.0f, 1.0f}) {
+    auto o = Options(96, temperature, 5);
+    const std::vector<int32_t> want = Reference(Prompt(1), o);
+    o.speculate = 4;
+    const auto got = mesh::Generate(*provider, Prompt(1), o);
+    EXPECT_EQ(got.generated_ids, want) << "temperature " << temperature;
+    EXPECT_GT(got.accepted, 0);
+    EXPECT_LT(got.accepted, got.drafted);
+    EXPECT_EQ(got.re_prefills + got.failovers, 0);
+  }
+  auto o = Options(64);
+  o.speculate = 4;
+  o.release_at_end = false;
+  o.session_id = "0123456789abcdef0123456789abcdef";
+  o.session_secret = "secret";
+  const auto kept = mesh::Generate(*provider, Prompt(2), o);
+  for (const auto& hop : kept.final_hops) {
+    // Truncating to more than it holds says how much it holds.
+    EXPECT_EQ(hop->Truncate(o.session_id, o.session_secret, 0, 1 << 20),
+              static_cast<int64_t>(kept.kv_tokens.size()))
+        << hop->name();
+    hop->Release(o.session_id, o.session_secret, 0);
+  }
+}
+
 // A long prompt sent in pipelined pieces over the nodes (prefill_chunk)
 // gives the in-process run's tokens, greedy and sampled; so does the chunked
 // re-prefill of the whole history after a node restarted with an empty cache.
