@@ -270,6 +270,9 @@ mesh::GenerateResult Engine::GenerateKept(const PreparedGeneration& gen,
   }
   release_left_behind(result.final_hops);
   metrics_.AddCachedTokens(result.cached_tokens);
+  for (const auto& hop : result.final_hops) {
+    hop->Park(options.session_id, options.session_secret, result.final_epoch);
+  }
   kept_->Put({gen.cache_salt, std::move(result.kv_tokens), options.session_id,
               options.session_secret, result.final_epoch, result.final_hops});
   return result;

@@ -110,6 +110,35 @@ TEST(ActiveProtection, ALaterSessionWaitsThenIsBusyAndTakesNothing) {
   EXPECT_GE(m.Stats().room_waits, 1);
 }
 
+// A parked session (kept by its client for a later prompt) gives its room
+// first, although it stepped within the window and arrived earlier: the
+// later session that would have been busy gets it; the parked one answers
+// evicted-lru. A step un-parks a session.
+TEST(ActiveProtection, ParkedSessionsGiveTheirRoomFirst) {
+  FakeClock clock;
+  HotKvStateManager m(MiniRecipe(), Protecting(4, 0.05), &clock);
+  Grow(m, "kept-a", 4, true);
+  Grow(m, "kept-b", 4, true);
+  Grow(m, "first", 8, true);
+  EXPECT_TRUE(m.Park("kept-a", 0));
+  EXPECT_TRUE(m.Park("kept-b", 0));
+  EXPECT_FALSE(m.Park("nobody", 0));
+  Grow(m, "kept-b", 4, false);  // a step: kept-b is active again (and takes kept-a's block)
+  EXPECT_EQ(Reason(m, "kept-a"), "evicted-lru");
+  m.Open("late", 0);
+  try {
+    m.BeginStep("late", 0, 4);  // kept-b and first: earlier, active, not parked
+    FAIL() << "expected busy";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kResourceExhausted);
+  }
+  EXPECT_TRUE(m.Park("kept-b", 0));
+  Grow(m, "late", 4, false);
+  EXPECT_EQ(Reason(m, "kept-b"), "evicted-lru");
+  EXPECT_EQ(Reason(m, "first"), "live");
+  EXPECT_EQ(m.InvariantViolation(), "");
+}
+
 TEST(ActiveProtection, AWaitingReservationProceedsWhenAnEarlierSessionEnds) {
   FakeClock clock;
   HotKvStateManager m(MiniRecipe(), Protecting(4, 60), &clock);  // only the release ends it

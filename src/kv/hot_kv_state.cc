@@ -483,6 +483,15 @@ bool HotKvStateManager::Release(std::string_view session_id, int64_t route_epoch
   return e != nullptr;
 }
 
+bool HotKvStateManager::Park(std::string_view session_id, int64_t route_epoch) {
+  CheckEpoch(route_epoch);
+  ManagerState& m = *impl_;
+  MutationLock lock(&m);
+  SessionEntry* e = m.FindLiveLocked(session_id, route_epoch);
+  if (e != nullptr) e->parked = true;
+  return e != nullptr;
+}
+
 ResolveResult HotKvStateManager::Resolve(std::string_view session_id, int64_t route_epoch,
                                          const KvCacheRecipe* recipe,
                                          std::optional<int64_t> expected_seq_len) {

@@ -289,6 +289,13 @@ class HotKvStateManager {
   // records `released` for it. Returns whether it was in the store.
   bool Release(std::string_view session_id, int64_t route_epoch);
 
+  // Not a reference operation: the session's client keeps it for later (a
+  // prefix cache) and runs no step meanwhile. With config.active_seconds it
+  // counts as idle until its next step: room for others comes from parked
+  // sessions first (least recently used first), whatever their last step.
+  // Without active_seconds, LRU as before. Returns whether the key was live.
+  bool Park(std::string_view session_id, int64_t route_epoch);
+
   // The live context (pinned) or an explicit CacheMiss.
   ResolveResult Resolve(std::string_view session_id, int64_t route_epoch,
                         const KvCacheRecipe* recipe = nullptr,

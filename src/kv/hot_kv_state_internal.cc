@@ -181,6 +181,7 @@ void ManagerState::FreeEntryLocked(SessionEntry* e) {
 
 void ManagerState::TouchLocked(SessionEntry* e, double now) {
   e->last_tick = now;
+  e->parked = false;
   lru.MoveToBack(e);
 }
 

@@ -91,6 +91,7 @@ struct SessionEntry {
   std::string death_detail;
   int64_t pins = 0;          // SessionHandles + the in-flight KvStep
   bool step_active = false;  // a KvStep owns rows beyond seq_len
+  bool parked = false;       // HotKvStateManager::Park: idle until its next step
   IdRecord* id = nullptr;    // while live
   ListLinks<SessionEntry> lru;
 };
@@ -254,7 +255,15 @@ template <typename Done>
 void ManagerState::MakeRoomLocked(const SessionEntry* protect, double now, Done done) {
   const double active = config.active_seconds;
   if (active <= 0) return EvictLruUntilLocked(protect, done);
-  // Idle ones first; the list is in last_tick order, so they lead it.
+  // Parked ones first (kept by their client for later, HotKvStateManager::Park),
+  // then idle ones; the list is in last_tick order, so the idle ones lead it.
+  for (SessionEntry* p = lru.front(); p != nullptr && !done();) {
+    SessionEntry* next = decltype(lru)::Next(p);
+    if (p->parked && p != protect && p->pins == 0) {
+      DropLocked(p, CacheMissReason::kEvictedLru, true);
+    }
+    p = next;
+  }
   SessionEntry* e = lru.front();
   while (e != nullptr && !done() && now - e->last_tick > active) {
     SessionEntry* next = decltype(lru)::Next(e);

@@ -64,6 +64,13 @@ class ShardEndpoint {
   // Error(kUnavailable) (its caller re-prefills instead).
   virtual int64_t Truncate(const std::string& session_id, const std::string& session_secret,
                            int64_t route_epoch, int64_t length);
+  // The session is kept for a later request (a prefix cache): the hop may
+  // treat it as idle until its next step. Best effort (never throws);
+  // default: nothing.
+  virtual void Park(const std::string& session_id, const std::string& session_secret,
+                    int64_t route_epoch) {
+    (void)session_id, (void)session_secret, (void)route_epoch;
+  }
 };
 
 }  // namespace meshnet::mesh

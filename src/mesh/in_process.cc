@@ -47,6 +47,15 @@ int64_t InProcessEndpoint::Truncate(const std::string& session_id, const std::st
   return node_->manager().Truncate(session_id, route_epoch, length);
 }
 
+void InProcessEndpoint::Park(const std::string& session_id, const std::string&,
+                             int64_t route_epoch) {
+  try {
+    node_->manager().Park(session_id, route_epoch);
+  } catch (const Error&) {
+    // Best effort: a malformed key has nothing to park.
+  }
+}
+
 InProcessMesh::InProcessMesh(std::shared_ptr<const gguf::GgufFile> file,
                              const InProcessMeshOptions& options, ThreadPool* pool) {
   node::NodeOptions no;

@@ -38,6 +38,8 @@ class InProcessEndpoint final : public ShardEndpoint {
                int64_t route_epoch) override;
   int64_t Truncate(const std::string& session_id, const std::string& session_secret,
                    int64_t route_epoch, int64_t length) override;
+  void Park(const std::string& session_id, const std::string& session_secret,
+            int64_t route_epoch) override;
 
  private:
   node::Node* node_;

@@ -490,6 +490,18 @@ TruncateReply NodeCore::Truncate(const std::string& session_id, const std::strin
   }
 }
 
+bool NodeCore::Park(const std::string& session_id, const std::string& secret, int64_t route_epoch) {
+  ValidateSessionKey(session_id, secret, route_epoch);
+  const std::string digest = SecretDigest(secret);
+  {
+    MutexLock lock(&mu_);
+    if (!FindChecked(session_id, digest)) return false;
+  }
+  const bool parked = node_->manager().Park(session_id, route_epoch);
+  admission_.Release(session_id);
+  return parked;
+}
+
 bool NodeCore::Release(const std::string& session_id, const std::string& secret,
                        int64_t route_epoch) {
   ValidateSessionKey(session_id, secret, route_epoch);

@@ -130,6 +130,11 @@ class NodeCore {
                          int64_t route_epoch, int64_t length);
   // Whether state was held.
   bool Release(const std::string& session_id, const std::string& secret, int64_t route_epoch);
+  // The session's client keeps it for a later request (a prefix cache):
+  // idle from now until its next step, for the KV budget
+  // (kv::HotKvStateManager::Park) and for admission (its slot frees now).
+  // Whether state was held.
+  bool Park(const std::string& session_id, const std::string& secret, int64_t route_epoch);
 
   // --- Migration (node/migration.h, node_core_migrate.cc) ---------------------
   // Claims a bound session with live state (waits for its step in flight; its

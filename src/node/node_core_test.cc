@@ -60,6 +60,32 @@ TEST(NodeCore, AnswersLikeTheNodeAndReplaysRetries) {
   EXPECT_THROW(core.Step(Prefill(id, kPrompt, 1), ReplyFormat{KvDtype::kF32, false}), Error);
 }
 
+// Park (a client keeping its session for a later request): only with the
+// session's secret; the state stays and continues, and its admission slot
+// is free at once (it was active until then).
+TEST(NodeCore, ParkKeepsTheStateAndFreesTheAdmissionSlot) {
+  NodeOptions o;
+  o.layers = LayerRange{0, 4};
+  Node node(File(), o, nullptr);
+  NodeCore core(&node);
+  const std::string id = RandomId128();
+  ASSERT_TRUE(std::holds_alternative<shard::TailOutput>(core.Step(Prefill(id, kPrompt, 1)).result));
+  EXPECT_EQ(core.admission().active(), 1);
+  EXPECT_THROW(core.Park(id, "wrong", 0), Error);  // kPermissionDenied, as Release
+  EXPECT_EQ(core.admission().active(), 1);
+  EXPECT_TRUE(core.Park(id, "s", 0));
+  EXPECT_EQ(core.admission().active(), 0);
+  EXPECT_EQ(std::get<int64_t>(core.Truncate(id, "s", 0, 4)), 4);
+  StepRequest next;
+  next.session_id = id;
+  next.session_secret = "s";
+  next.step_id = 2;
+  next.expected_seq_len = 4;
+  next.token_ids = {kPrompt[4], kPrompt[5]};
+  EXPECT_TRUE(std::holds_alternative<shard::TailOutput>(core.Step(std::move(next)).result));
+  EXPECT_FALSE(core.Park(RandomId128(), "s", 0));
+}
+
 TEST(NodeCore, BindingsCheckTheSecretAndUnboundSessionsMiss) {
   NodeOptions o;
   o.layers = LayerRange{0, 1};

@@ -92,7 +92,9 @@ void NodeService::Truncate(const pb::TruncateRequest& request, pb::TruncateRespo
 
 void NodeService::Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response) {
   response->set_released(
-      core_.Release(request.session_id(), request.session_secret(), request.route_epoch()));
+      request.park()
+          ? core_.Park(request.session_id(), request.session_secret(), request.route_epoch())
+          : core_.Release(request.session_id(), request.session_secret(), request.route_epoch()));
 }
 
 void NodeService::ExportSession(const pb::ExportSessionRequest& request,

@@ -498,6 +498,24 @@ void RemoteEndpoint::Release(const std::string& session_id, const std::string& s
   }
 }
 
+void RemoteEndpoint::Park(const std::string& session_id, const std::string& session_secret,
+                          int64_t route_epoch) {
+  try {
+    grpc::ClientContext ctx;
+    impl_->Prepare(ctx, impl_->options.info_timeout_s, /*wait_for_ready=*/false);
+    pb::ReleaseRequest req;
+    req.set_session_id(session_id);
+    req.set_session_secret(session_secret);
+    req.set_route_epoch(route_epoch);
+    req.set_park(true);
+    pb::ReleaseResponse resp;
+    const grpc::Status s = impl_->stub->Release(&ctx, req, &resp);
+    if (!s.ok()) ClientLog().debug("event=park_failed message=\"{}\"", s.error_message());
+  } catch (const Error& e) {
+    ClientLog().debug("event=park_failed message=\"{}\"", e.what());  // best effort
+  }
+}
+
 int64_t RemoteEndpoint::Truncate(const std::string& session_id, const std::string& session_secret,
                                  int64_t route_epoch, int64_t length) {
   grpc::ClientContext ctx;

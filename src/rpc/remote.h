@@ -92,6 +92,8 @@ class RemoteEndpoint final : public mesh::ShardEndpoint {
   // Keeps the first `length` positions. A miss throws kv::CacheMissError.
   int64_t Truncate(const std::string& session_id, const std::string& session_secret,
                    int64_t route_epoch, int64_t length) override;
+  void Park(const std::string& session_id, const std::string& session_secret,
+            int64_t route_epoch) override;
   // A stream for many steps; its deadline is `timeout_s` per step times
   // `max_steps`.
   std::unique_ptr<StepStreamClient> OpenStepStream(int max_steps);
