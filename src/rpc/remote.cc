@@ -475,13 +475,15 @@ std::unique_ptr<StepStreamClient> RemoteEndpoint::OpenStepStream(int max_steps) 
 }
 
 bool RemoteEndpoint::ReleaseOrThrow(const std::string& session_id,
-                                    const std::string& session_secret, int64_t route_epoch) {
+                                    const std::string& session_secret, int64_t route_epoch,
+                                    bool park) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.info_timeout_s, /*wait_for_ready=*/false);
   pb::ReleaseRequest req;
   req.set_session_id(session_id);
   req.set_session_secret(session_secret);
   req.set_route_epoch(route_epoch);
+  req.set_park(park);
   pb::ReleaseResponse resp;
   const grpc::Status s = impl_->stub->Release(&ctx, req, &resp);
   if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Release");
@@ -501,16 +503,7 @@ void RemoteEndpoint::Release(const std::string& session_id, const std::string& s
 void RemoteEndpoint::Park(const std::string& session_id, const std::string& session_secret,
                           int64_t route_epoch) {
   try {
-    grpc::ClientContext ctx;
-    impl_->Prepare(ctx, impl_->options.info_timeout_s, /*wait_for_ready=*/false);
-    pb::ReleaseRequest req;
-    req.set_session_id(session_id);
-    req.set_session_secret(session_secret);
-    req.set_route_epoch(route_epoch);
-    req.set_park(true);
-    pb::ReleaseResponse resp;
-    const grpc::Status s = impl_->stub->Release(&ctx, req, &resp);
-    if (!s.ok()) ClientLog().debug("event=park_failed message=\"{}\"", s.error_message());
+    ReleaseOrThrow(session_id, session_secret, route_epoch, /*park=*/true);
   } catch (const Error& e) {
     ClientLog().debug("event=park_failed message=\"{}\"", e.what());  // best effort
   }

@@ -99,9 +99,10 @@ class RemoteEndpoint final : public mesh::ShardEndpoint {
   std::unique_ptr<StepStreamClient> OpenStepStream(int max_steps);
   // Steps queued for this node's next group call (for tests).
   int64_t steps_waiting() const;
-  // Release that reports failures (for tests and tools): true if state was held.
+  // Release that reports failures (for tests and tools): true if state was
+  // held. `park`: keep the state, parked (Park).
   bool ReleaseOrThrow(const std::string& session_id, const std::string& session_secret,
-                      int64_t route_epoch);
+                      int64_t route_epoch, bool park = false);
 
  private:
   struct Impl;

@@ -126,6 +126,7 @@ TEST_F(MeshProcessTest, SpeculationOverNodesMatchesInProcess) {
   o.session_secret = "secret";
   const auto kept = mesh::Generate(*provider, Prompt(2), o);
   for (const auto& hop : kept.final_hops) {
+    hop->Park(o.session_id, o.session_secret, 0);  // kept, idle: the state stays
     // Truncating to more than it holds says how much it holds.
     EXPECT_EQ(hop->Truncate(o.session_id, o.session_secret, 0, 1 << 20),
               static_cast<int64_t>(kept.kv_tokens.size()))
