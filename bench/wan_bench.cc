@@ -1,13 +1,17 @@
 // Over a WAN: three `meshnet serve` nodes of the shipped model (layers 0-1,
 // 2-3, 4-4), each reached through a user-space delay proxy
-// (tests/tools/delay_proxy.h) with the same one-way delay on every
-// client-to-node link. The client relays every hop (the star path), so one
-// token costs 6 link crossings at least: the floor is 1 / (6 x delay).
-//   BM_WanStar/<delay_ms>: one session, 128 greedy tokens of a prompt that
-//     repeats itself, once plainly and once with speculative decoding
-//     (prompt lookup, --speculate 4), alternated in one run; reports each
-//     side's tokens/s, both over the floor, and spec_over_plain. The outputs
-//     are checked identical.
+// (tests/tools/delay_proxy.h) with the same one-way delay on every link:
+// the client's and the nodes' own (each node advertises its proxy, so a node
+// forwarding a chain step to the next one goes through that node's proxy
+// too). Relaying every hop (star), a token costs 6 link crossings at least:
+// the star's floor is 1 / (6 x delay); along the chain with the tail's
+// direct return, 4. Delay 0: no proxies (plain loopback).
+//   BM_Wan/<delay_ms>/<sessions>: `sessions` sessions at once, 256 greedy
+//     tokens each (64 for 16 sessions) of a prompt that repeats itself, star
+//     and chain, each plainly and with speculative decoding (prompt lookup,
+//     --speculate 4), alternated in one run; reports each one's aggregate
+//     tokens/s, over the star's floor, chain_over_star and
+//     chain_spec_over_star. The outputs are checked identical.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "mesh/generator.h"
+#include "mesh/multi_session.h"
 #include "rpc/remote.h"
 #include "rpc/test_util.h"
 #include "tests/rpc/node_process.h"
@@ -41,70 +46,95 @@ std::vector<int32_t> Prompt() {
 }
 
 struct Mesh {
-  Mesh() {
+  explicit Mesh(double delay_s) {
     for (const char* layers : {"0-1", "2-3", "4-4"}) {
+      std::vector<std::string> args = {
+          "--model", MESHNET_SHIPPED_MODEL, "--layers", layers, "--threads",
+          "1",       "--max-sessions",      "32"};
+      if (delay_s > 0) {
+        proxies.push_back(std::make_unique<meshnet::testing::DelayProxy>("", delay_s));
+        args.insert(args.end(), {"--advertise", proxies.back()->address()});
+      }
       nodes.push_back(std::make_unique<rpc::testing::NodeProcess>(
-          MESHNET_BINARY,
-          std::vector<std::string>{"--model", MESHNET_SHIPPED_MODEL, "--layers", layers,
-                                   "--threads", "1"},
-          dir.file(std::string("node-") + layers + ".log")));
+          MESHNET_BINARY, args, dir.file(std::string("node-") + layers + ".log")));
+      if (delay_s > 0) {
+        proxies.back()->SetTarget(nodes.back()->address());
+        addresses.push_back(proxies.back()->address());
+      } else {
+        addresses.push_back(nodes.back()->address());
+      }
     }
   }
   rpc::testing::ScratchDir dir;
+  std::vector<std::unique_ptr<meshnet::testing::DelayProxy>> proxies;
   std::vector<std::unique_ptr<rpc::testing::NodeProcess>> nodes;
+  std::vector<std::string> addresses;  // the proxies' (the nodes' without delay)
 };
 
-Mesh& Nodes() {
-  static Mesh m;
-  return m;
-}
-
-void BM_WanStar(benchmark::State& state) {
+void BM_Wan(benchmark::State& state) {
   const double delay_s = static_cast<double>(state.range(0)) / 1e3;
-  std::vector<std::unique_ptr<meshnet::testing::DelayProxy>> proxies;
-  std::vector<std::string> addresses;
-  for (const auto& n : Nodes().nodes) {
-    proxies.push_back(std::make_unique<meshnet::testing::DelayProxy>(n->address(), delay_s));
-    addresses.push_back(proxies.back()->address());
-  }
+  const int sessions = static_cast<int>(state.range(1));
+  Mesh mesh(delay_s);
   rpc::ClientOptions co;
   co.timeout_s = 60;
-  auto provider = rpc::MakeRemoteRouteProvider(addresses, co);
+  auto star = rpc::MakeRemoteRouteProvider(mesh.addresses, co);
+  co.chain = true;
+  auto chain = rpc::MakeRemoteRouteProvider(mesh.addresses, co);
   mesh::GenerateOptions plain;
-  plain.max_tokens = 128;
+  plain.max_tokens = sessions == 1 ? 256 : 64;
   mesh::GenerateOptions spec = plain;
   spec.speculate = 4;
-  double plain_s = 0, spec_s = 0;
-  int64_t plain_tokens = 0, spec_tokens = 0, drafted = 0, accepted = 0;
-  auto run = [&](const mesh::GenerateOptions& o, double* seconds, int64_t* tokens) {
-    const Clock::time_point t0 = Clock::now();
-    mesh::GenerateResult r = mesh::Generate(*provider, Prompt(), o);
-    *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    *tokens += static_cast<int64_t>(r.generated_ids.size());
-    drafted += r.drafted;
-    accepted += r.accepted;
-    return r.generated_ids;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < sessions; ++i) {
+    prompts.push_back(Prompt());
+    prompts.back().push_back(300 + i);  // distinct per session
+  }
+  struct Side {
+    double seconds = 0;
+    int64_t tokens = 0;
+    double tps() const { return static_cast<double>(tokens) / seconds; }
   };
-  const std::vector<int32_t> want = run(plain, &plain_s, &plain_tokens);  // warm-up, untimed
-  plain_s = 0;
-  plain_tokens = 0;
+  Side sides[4];  // star, star + spec, chain, chain + spec
+  auto run = [&](mesh::RouteProvider& p, const mesh::GenerateOptions& o, Side* side) {
+    mesh::MultiSessionDriver driver(p, {});
+    const mesh::MultiSessionReport r = driver.Run(prompts, o);
+    side->seconds += r.wall_s;
+    side->tokens += r.TotalTokens();
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& s : r.sessions) {
+      out.push_back(s.ok ? s.result.generated_ids : std::vector<int32_t>{});
+    }
+    return out;
+  };
+  Side warm;
+  const auto want = run(*star, plain, &warm);  // warm-up, untimed
+  (void)run(*chain, plain, &warm);             // opens the tail's Returns stream
   for (auto _ : state) {
-    if (run(plain, &plain_s, &plain_tokens) != want || run(spec, &spec_s, &spec_tokens) != want) {
-      state.SkipWithError("speculation changed the output");
+    if (run(*star, plain, &sides[0]) != want || run(*star, spec, &sides[1]) != want ||
+        run(*chain, plain, &sides[2]) != want || run(*chain, spec, &sides[3]) != want) {
+      state.SkipWithError("chain or speculation changed the output");
       return;
     }
   }
-  const double floor = 1.0 / (6 * delay_s);
-  const double plain_tps = plain_tokens / plain_s, spec_tps = spec_tokens / spec_s;
-  state.counters["floor_tok_s"] = floor;
-  state.counters["plain_tok_s"] = plain_tps;
-  state.counters["spec_tok_s"] = spec_tps;
-  state.counters["plain_over_floor"] = plain_tps / floor;
-  state.counters["spec_over_floor"] = spec_tps / floor;
-  state.counters["spec_over_plain"] = spec_tps / plain_tps;
-  state.counters["accepted_per_draft"] = drafted > 0 ? static_cast<double>(accepted) / drafted : 0;
+  const char* names[4] = {"star", "star_spec", "chain", "chain_spec"};
+  for (int i = 0; i < 4; ++i) {
+    state.counters[std::string(names[i]) + "_tok_s"] = sides[i].tps();
+    if (delay_s > 0) {
+      state.counters[std::string(names[i]) + "_over_floor"] = sides[i].tps() * 6 * delay_s;
+    }
+  }
+  state.counters["chain_over_star"] = sides[2].tps() / sides[0].tps();
+  state.counters["chain_spec_over_star"] = sides[3].tps() / sides[0].tps();
+  state.counters["spec_over_plain_star"] = sides[1].tps() / sides[0].tps();
 }
-BENCHMARK(BM_WanStar)->Arg(10)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_Wan)
+    ->Args({10, 1})
+    ->Args({10, 16})
+    ->Args({0, 1})
+    ->Args({0, 16})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2);
 
 }  // namespace
 

@@ -53,6 +53,7 @@ struct ApiFlags {
   ClientSecurityFlags nodes_client;  // --auth-token, --node-tls-*
   double timeout_s = 30.0;
   int pipeline_depth = 0;                      // --pipeline-depth (rpc::ClientOptions)
+  std::string forwarding = "star";             // --forwarding (rpc::ClientOptions::chain)
   int64_t prompt_chunk = kDefaultPromptChunk;  // --prompt-chunk
   std::string api_key;
   std::string tls_cert;
@@ -155,6 +156,7 @@ void SetUpRoute(const ApiFlags& f, std::shared_ptr<const gguf::GgufFile> file, R
   CopyClientSecurityFlags(f.nodes_client, &co);
   co.timeout_s = f.timeout_s;
   co.pipeline_depth = f.pipeline_depth;
+  co.chain = f.forwarding == "chain";
   if (!f.registry.empty()) co.expected_model_id = node::ModelIdentity(*file);  // routed by id
   r.remote = MakeNodeRouteProvider(f.nodes, f.registry, co, f.etcd);
   auto remote = r.remote;
@@ -322,6 +324,7 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
   sub->add_option("--timeout", f->timeout_s, "Per-call deadline in seconds for --nodes/--registry")
       ->capture_default_str();
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
+  AddForwardingFlag(sub, &f->forwarding);
   AddPromptChunkFlag(sub, &f->prompt_chunk);
   AddServerFlags(sub, f);
   sub->add_option("--ctx", f->ctx, "Positions per request, prompt + completion (0: the model's)")

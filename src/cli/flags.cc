@@ -78,6 +78,18 @@ void AddPipelineDepthFlag(CLI::App* sub, int* depth) {
       ->capture_default_str();
 }
 
+void AddForwardingFlag(CLI::App* sub, std::string* forwarding) {
+  sub->add_option("--forwarding", *forwarding,
+                  "How a step crosses the nodes: 'star' (this client sends each hop its input "
+                  "and takes its answer: 2 x hops link crossings a token) or 'chain' (the head "
+                  "sends its activations on to the next node itself, and so on, and the tail "
+                  "sends the token straight back here: hops + 1 crossings; each node forwards "
+                  "only along this client's route, to nodes that prove they serve the next "
+                  "layers of the same model)")
+      ->check(CLI::IsMember({"star", "chain"}))
+      ->capture_default_str();
+}
+
 void AddPromptChunkFlag(CLI::App* sub, int64_t* chunk) {
   sub->add_option("--prompt-chunk", *chunk,
                   "Send a prompt longer than this many tokens through a route of two or more "

@@ -92,6 +92,10 @@ void AddEtcdFlags(CLI::App* sub, registry::EtcdSecurity* f);
 inline constexpr int kMaxPipelineDepth = 1024;
 void AddPipelineDepthFlag(CLI::App* sub, int* depth);
 
+// --forwarding star|chain (rpc::ClientOptions::chain), for the commands that
+// drive sessions over nodes.
+void AddForwardingFlag(CLI::App* sub, std::string* forwarding);
+
 // --prompt-chunk (mesh::GenerateOptions::prefill_chunk), default
 // kDefaultPromptChunk, for the commands that drive sessions over a route.
 inline constexpr int64_t kDefaultPromptChunk = 256;

@@ -53,6 +53,7 @@ struct GenerateFlags {
   ClientSecurityFlags client;
   double timeout_s = 30.0;
   int pipeline_depth = 0;                      // --pipeline-depth (rpc::ClientOptions)
+  std::string forwarding = "star";             // --forwarding (rpc::ClientOptions::chain)
   int64_t prompt_chunk = kDefaultPromptChunk;  // --prompt-chunk
   int speculate = 0;                           // --speculate
   bool no_bos = false;
@@ -193,6 +194,7 @@ GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
   CopyClientSecurityFlags(f.client, &co);
   co.timeout_s = f.timeout_s;
   co.pipeline_depth = f.pipeline_depth;
+  co.chain = f.forwarding == "chain";
   co.expected_model_id = node::ModelIdentity(*file);  // the tokenizer's model
   co.Validate();
   r.provider = MakeNodeRouteProvider(f.nodes, f.registry, co, f.etcd);
@@ -346,6 +348,7 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
                   "Per-call deadline in seconds for --nodes/--registry (at most a year is used)")
       ->capture_default_str();
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
+  AddForwardingFlag(sub, &f->forwarding);
   AddPromptChunkFlag(sub, &f->prompt_chunk);
   sub->add_option("--speculate", f->speculate,
                   "Speculative decoding: up to K draft tokens per step from prompt lookup (the "

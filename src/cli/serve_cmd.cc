@@ -42,6 +42,7 @@ struct ServeFlags {
   std::string model;
   std::string layers;
   std::string listen = "127.0.0.1:0";
+  std::string advertise;  // --advertise
   std::string kv_budget = "64MiB";
   int64_t max_sessions = 8;
   double ttl_s = 600.0;
@@ -111,6 +112,7 @@ kv::HotKvStateConfig KvConfigFrom(const ServeFlags& f) {
 rpc::NodeServerOptions ServerOptionsFrom(const ServeFlags& f) {
   rpc::NodeServerOptions o;
   o.listen = f.listen;
+  o.advertise = f.advertise;
   o.metrics_listen = f.metrics_listen;
   CopyServerSecurityFlags(f.security, &o);
   o.max_rpc_threads = f.rpc_threads;
@@ -190,6 +192,10 @@ void AddServeNodeFlags(CLI::App* sub, ServeFlags* f) {
   sub->add_option("--layers", f->layers, "Owned layer range A-B (inclusive), e.g. 0-7")->required();
   sub->add_option("--listen", f->listen, "host:port to serve on (port 0: pick a free one)")
       ->capture_default_str();
+  sub->add_option("--advertise", f->advertise,
+                  "host:port others reach this node at, when not --listen (a NAT, a proxy): "
+                  "what it announces and proves, and its name on a client's chain route "
+                  "(default: the --listen address)");
   sub->add_option("--kv-budget", f->kv_budget, "KV byte budget, e.g. 64MiB or 2GiB")
       ->capture_default_str();
   sub->add_option("--max-sessions", f->max_sessions, "Live sessions before LRU eviction")

@@ -73,11 +73,10 @@ std::unique_ptr<ServeRegistry> StartServeRegistry(const ServeRegistryFlags& f,
   }
   // What the node announces and proves is its own name: a wildcard listen
   // (0.0.0.0, [::]) names no host others can reach.
-  try {
-    CanonicalHostPort(server.bound_address());
-  } catch (const Error& e) {
-    ThrowInvalidArgument(std::string("--registry: this node cannot announce itself: ") + e.what() +
-                         "; give --listen a host others reach it by");
+  if (server.advertised_address().empty()) {
+    ThrowInvalidArgument(
+        "--registry: this node cannot announce itself: its --listen names no host others reach "
+        "it by; give --listen such a host, or --advertise");
   }
   auto r = std::make_unique<Running>();
   rpc::ClientOptions co;  // how this process reaches nodes and registries

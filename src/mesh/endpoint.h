@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +30,19 @@ struct GroupAnswer {
   std::optional<StepResult> result;
   std::exception_ptr error;
 };
+
+// A chain step's answer (ShardEndpoint::ChainStep): hop `hop` of the route
+// answered `result` (the tail's output, a miss; a bundle from a hop that did
+// not forward it) or failed with `error`.
+struct ChainAnswer {
+  std::optional<StepResult> result;
+  std::exception_ptr error;
+  size_t hop = 0;
+  int64_t route_compute_micros = 0;  // every hop's compute time, as the hops said
+};
+
+class ShardEndpoint;
+using RouteHops = std::span<const std::shared_ptr<ShardEndpoint>>;
 
 class ShardEndpoint {
  public:
@@ -54,6 +68,14 @@ class ShardEndpoint {
       }
     }
     return answers;
+  }
+  // Chain forwarding: sends `request` to this hop (`route`'s head), which
+  // sends its bundle on along `route` itself; the answer is the route's.
+  // nullopt: this endpoint does not chain (in process, or told not to): the
+  // caller goes hop by hop. Errors of the call come back in the answer.
+  virtual std::optional<ChainAnswer> ChainStep(StepRequest request, RouteHops route) {
+    (void)request, (void)route;
+    return std::nullopt;
   }
   // Frees the session's state on this hop; best effort (never throws).
   virtual void Release(const std::string& session_id, const std::string& session_secret,

@@ -281,9 +281,86 @@ class PrefillPipeline {
 
 int64_t ChunkCount(int64_t n_tokens, int64_t chunk) { return (n_tokens + chunk - 1) / chunk; }
 
+namespace {
+
+// Hops start.. of the route one by one (the client relays), hop `start`
+// taking `bundle` (or the prompt's tokens when start is 0).
+StepOutcome RunStarFrom(Route& route, RouteProvider& provider, const StepHead& head,
+                        uint64_t step_id, bool prefill, std::span<const int32_t> tokens,
+                        std::optional<int64_t> expected, size_t start,
+                        std::optional<shard::BoundaryBundle> bundle, StepOutcome out) {
+  for (size_t i = start; i < route.hops.size(); ++i) {
+    StepRequest req = MakeRequest(head, step_id, prefill, expected);
+    if (i == 0) {
+      req.token_ids.assign(tokens.begin(), tokens.end());
+    } else {
+      req.bundle = std::move(bundle);
+      bundle.reset();
+    }
+    std::optional<StepResult> result = CallHop(route, i, std::move(req), provider, &out);
+    if (!result || !TakeResult(std::move(*result), route, i, &out, &bundle)) return out;
+  }
+  return out;
+}
+
+// The step along the chain (ShardEndpoint::ChainStep): one call to the head.
+// A hop that says the session moved is replaced and the step sent again
+// (the hops before it answer from their idempotency caches); a hop that
+// answered a bundle instead of forwarding it (a node without chain
+// forwarding) is followed hop by hop. nullopt: the head does not chain.
+std::optional<StepOutcome> RunChainStep(Route& route, RouteProvider& provider, const StepHead& head,
+                                        uint64_t step_id, bool prefill,
+                                        std::span<const int32_t> tokens,
+                                        std::optional<int64_t> expected) {
+  StepOutcome out;
+  for (int redirects = 0;; ++redirects) {
+    StepRequest req = MakeRequest(head, step_id, prefill, expected);
+    req.token_ids.assign(tokens.begin(), tokens.end());
+    std::optional<ChainAnswer> answer = route.hops[0]->ChainStep(std::move(req), route.hops);
+    if (!answer) {
+      if (redirects == 0) return std::nullopt;
+      return RunStarFrom(route, provider, head, step_id, prefill, tokens, expected, 0, {},
+                         std::move(out));
+    }
+    const size_t i = answer->hop;
+    if (i >= route.hops.size()) {
+      throw Error(ErrorKind::kBoundaryContract, route.hops[0]->name() + " answered for hop " +
+                                                    std::to_string(i) + " of a route of " +
+                                                    std::to_string(route.hops.size()));
+    }
+    if (auto* miss = answer->result ? std::get_if<kv::CacheMiss>(&*answer->result) : nullptr;
+        miss != nullptr && miss->reason == kv::CacheMissReason::kMoved && !prefill &&
+        redirects < kMaxMovesPerHop) {
+      if (std::shared_ptr<ShardEndpoint> next = provider.EndpointFor(miss->moved_to)) {
+        route.hops[i] = std::move(next);
+        ++out.moves;
+        continue;
+      }
+    }
+    // The answer as a hop's (its request is never re-sent: marked a prefill).
+    StepRequest answered;
+    answered.prefill = true;
+    std::optional<StepResult> result = CallHop(route, i, std::move(answered), provider, &out,
+                                               {std::move(answer->result), answer->error});
+    std::optional<shard::BoundaryBundle> bundle;
+    if (!result || !TakeResult(std::move(*result), route, i, &out, &bundle)) return out;
+    if (!bundle) return out;
+    return RunStarFrom(route, provider, head, step_id, prefill, tokens, expected, i + 1,
+                       std::move(bundle), std::move(out));
+  }
+}
+
+}  // namespace
+
 StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const StepHead& head,
                          uint64_t step_id, bool prefill, std::span<const int32_t> tokens,
                          std::optional<int64_t> expected) {
+  if (route.hops.size() > 1) {
+    if (std::optional<StepOutcome> chained =
+            RunChainStep(route, provider, head, step_id, prefill, tokens, expected)) {
+      return std::move(*chained);
+    }
+  }
   StepOutcome out;
   std::optional<shard::BoundaryBundle> bundle;
   size_t start = 0;
@@ -296,24 +373,14 @@ StepOutcome RunRouteStep(Route& route, RouteProvider& provider, const StepHead& 
     carried = carrier->Carry(route, std::move(req));
     start = carried->hop;  // the hops before it answered bundles, sent on
   }
-  for (size_t i = start; i < route.hops.size(); ++i) {
-    std::optional<StepResult> result;
-    if (carried && i == start) {
-      result = CallHop(route, i, std::move(carried->request), provider, &out,
-                       {std::move(carried->result), carried->error});
-    } else {
-      StepRequest req = MakeRequest(head, step_id, prefill, expected);
-      if (i == 0) {
-        req.token_ids.assign(tokens.begin(), tokens.end());
-      } else {
-        req.bundle = std::move(bundle);
-        bundle.reset();
-      }
-      result = CallHop(route, i, std::move(req), provider, &out);
-    }
-    if (!result || !TakeResult(std::move(*result), route, i, &out, &bundle)) return out;
+  if (carried) {
+    std::optional<StepResult> result = CallHop(route, start, std::move(carried->request), provider,
+                                               &out, {std::move(carried->result), carried->error});
+    if (!result || !TakeResult(std::move(*result), route, start, &out, &bundle)) return out;
+    ++start;
   }
-  return out;
+  return RunStarFrom(route, provider, head, step_id, prefill, tokens, expected, start,
+                     std::move(bundle), std::move(out));
 }
 
 StepOutcome RunChunkedPrefill(Route& route, RouteProvider& provider, const StepHead& head,

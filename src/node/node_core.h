@@ -102,6 +102,10 @@ struct NodeCounters {
   std::atomic<int64_t> sessions_moved{0};  // handed over to another node
   std::atomic<int64_t> sessions_ended{0};  // ended by a drain (explicit miss)
   std::atomic<int64_t> moved_answers{0};   // steps answered "moved to"
+  // Chain forwarding (rpc/forward.h): steps this node sent on to the next
+  // hop, and tail answers it wrote on a client's Returns stream.
+  std::atomic<int64_t> chain_forwarded{0};
+  std::atomic<int64_t> chain_returns{0};
 
   void ObserveLatency(double seconds);
   void CountError(ErrorKind kind);

@@ -139,6 +139,10 @@ void AddMigrationCounters(std::vector<MetricFamily>& out, const node::NodeCounte
              "StepMany calls: steps of several sessions in one call", c.grouped_calls);
   AddCounter(out, "meshnet_grouped_steps_total", "Steps that came in StepMany calls",
              c.grouped_steps);
+  AddCounter(out, "meshnet_chain_forwarded_steps_total",
+             "Chain steps this node sent on to the next hop itself", c.chain_forwarded);
+  AddCounter(out, "meshnet_chain_direct_returns_total",
+             "Tail answers written on a client's Returns stream (direct return)", c.chain_returns);
   AddCounter(out, "meshnet_sessions_exported_total", "Sessions exported to their owner",
              c.sessions_exported);
   AddCounter(out, "meshnet_sessions_imported_total",

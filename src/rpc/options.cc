@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "util/error.h"
+#include "util/host_port.h"
 
 namespace meshnet::rpc {
 
@@ -68,6 +69,14 @@ void ClientOptions::Validate() const {
 
 void NodeServerOptions::Validate() const {
   CheckHostPort(listen, "--listen");
+  if (!advertise.empty()) {
+    CheckHostPort(advertise, "--advertise");
+    try {
+      (void)CanonicalHostPort(advertise);
+    } catch (const Error& e) {
+      ThrowInvalidArgument("--advertise " + advertise + ": " + e.what());
+    }
+  }
   if (!metrics_listen.empty()) CheckHostPort(metrics_listen, "--metrics-listen");
   if (tls_cert.empty() != tls_key.empty()) {
     ThrowInvalidArgument("--tls-cert and --tls-key must be given together");
@@ -91,6 +100,7 @@ void NodeServerOptions::Validate() const {
         "one)");
   }
   if (max_streams < 0) ThrowInvalidArgument("max streams must be >= 0");
+  if (max_return_streams < 0) ThrowInvalidArgument("max return streams must be >= 0");
   if (max_calls_per_peer < 1) ThrowInvalidArgument("max calls per peer must be >= 1");
   if (max_new_sessions_per_minute < 1 || max_new_sessions_per_minute > 1000000) {
     ThrowInvalidArgument("--max-new-sessions-per-minute must be in 1..1000000");

@@ -64,6 +64,11 @@ struct ClientOptions {
   // transfer port when it has one (plaintext only); false: always the gRPC
   // stream.
   bool kv_transfer = true;
+  // Chain forwarding (rpc/forward.h): a step goes to the head only, each
+  // node sends its bundle on to the next, and the tail's answer comes
+  // straight back on a Returns stream (hops + 1 link crossings a step instead
+  // of 2 x hops). false: the client relays every hop (star).
+  bool chain = false;
 
   // Throws Error(kInvalidArgument) naming the bad field (timeouts > 0,
   // retries >= 0, cert and key given together, key or cert without CA...).
@@ -78,6 +83,10 @@ struct NodeServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
   std::string metrics_listen;          // host:port of /metrics; empty: no exposer
   std::string auth_token;              // empty: no cluster token required
+  // The host:port others reach this node at, when it is not `listen` (a NAT,
+  // a proxy): what it announces and proves, and its name on a chain route.
+  // Empty: the bound address.
+  std::string advertise;
   // The operator's credential for Drain/Undrain (never the cluster token;
   // Validate refuses the same value). Empty: admin calls are refused.
   std::string admin_token;
@@ -97,8 +106,9 @@ struct NodeServerOptions {
   // bundle and its logits, plus headroom). The token is checked before a
   // body is read (rpc/server_auth.h): this bounds what a caller with it costs.
   int64_t max_message_bytes = 0;
-  int max_streams = 8;          // concurrent StepStream calls (each pins a handler thread)
-  int max_calls_per_peer = 32;  // concurrent Step/StepStream/Truncate calls per peer
+  int max_streams = 8;           // concurrent StepStream calls (each pins a handler thread)
+  int max_return_streams = 256;  // open Returns streams (chain forwarding; no thread each)
+  int max_calls_per_peer = 32;   // concurrent Step/StepStream/Truncate calls per peer
   // Sessions one peer may open per minute (rpc/server_limits.h); 1..10^6.
   int64_t max_new_sessions_per_minute = 3000;
   node::AdmissionOptions admission;  // new sessions when the node is full (node/admission.h)

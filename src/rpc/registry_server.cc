@@ -295,7 +295,7 @@ registry::NodeRecord VerifyAnnouncement(const registry::NodeRecord& r,
 registry::NodeRecord NodeRecordOf(const NodeServer& server, bool draining) {
   const node::NodeInfo info = server.Info();
   registry::NodeRecord r;
-  r.address = CanonicalHostPort(server.bound_address());
+  r.address = server.advertised_address();
   r.model_id = info.shard.model_id;
   r.architecture = info.shard.architecture;
   r.start_layer = info.shard.start_layer;

@@ -21,6 +21,7 @@
 #include "rpc/client_log.h"
 #include "rpc/codec.h"
 #include "rpc/migrate.h"
+#include "rpc/return_listener.h"
 #include "rpc/status.h"
 #include "util/error.h"
 #include "util/mutex.h"
@@ -108,6 +109,29 @@ struct RemoteEndpoint::Impl {
   bool group_sending GUARDED_BY(group_mu) = false;
   std::atomic<bool> node_groups{true};   // false once the node answered UNIMPLEMENTED
   std::shared_ptr<util::RankGate> gate;  // ClientOptions::pipeline_depth, or null
+
+  // --- Chain forwarding (see RemoteEndpoint::ChainStep) ---------------------
+  // This node's Returns stream, opened when it is first a route's tail and
+  // again (at most every kReopenS) after it ended.
+  static constexpr double kReopenS = 2.0;
+  std::shared_ptr<ReturnListener> Returns() EXCLUDES(returns_mu);
+  Mutex returns_mu;
+  std::shared_ptr<ReturnListener> returns GUARDED_BY(returns_mu);
+  std::chrono::steady_clock::time_point returns_opened GUARDED_BY(returns_mu);
+  struct ChainCall;
+  // Sends `call` to this head (the callback marks it replied).
+  void StartChainCall(const std::shared_ptr<ChainCall>& call, double hops);
+  // One chain call to this head, as an answer for the route's hops.
+  mesh::ChainAnswer CallChain(const pb::StepRequest& req, const std::vector<RemoteEndpoint*>& hops,
+                              int64_t route_epoch);
+  // The chain calls in flight (their callbacks hold this): the endpoint's
+  // end cancels them and waits for their callbacks.
+  struct ChainCalls {
+    Mutex mu;
+    CondVar none{&mu};
+    std::set<grpc::ClientContext*> live GUARDED_BY(mu);
+  };
+  std::shared_ptr<ChainCalls> chain_calls = std::make_shared<ChainCalls>();
 };
 
 std::shared_ptr<util::RankGate> MakePipelineGate(const ClientOptions& options) {
@@ -135,7 +159,12 @@ RemoteEndpoint::RemoteEndpoint(std::string address, const ClientOptions& options
   if (!options.auth_token.empty()) impl_->bearer = BearerValue(options.auth_token);
 }
 
-RemoteEndpoint::~RemoteEndpoint() = default;
+RemoteEndpoint::~RemoteEndpoint() {
+  Impl::ChainCalls& calls = *impl_->chain_calls;
+  MutexLock lock(&calls.mu);
+  for (grpc::ClientContext* ctx : calls.live) ctx->TryCancel();
+  while (!calls.live.empty()) calls.none.Wait();
+}
 
 std::string RemoteEndpoint::name() const { return impl_->address; }
 
@@ -488,6 +517,150 @@ bool RemoteEndpoint::ReleaseOrThrow(const std::string& session_id,
   const grpc::Status s = impl_->stub->Release(&ctx, req, &resp);
   if (!s.ok()) ThrowForStatus(s, ctx, impl_->address, "Release");
   return resp.released();
+}
+
+// ---------------------------------------------------------------------------
+// Chain forwarding
+
+std::shared_ptr<ReturnListener> RemoteEndpoint::Impl::Returns() {
+  std::shared_ptr<ReturnListener> ended;  // joined outside the lock
+  MutexLock lock(&returns_mu);
+  if (returns && !returns->ended()) return returns;
+  const auto now = std::chrono::steady_clock::now();
+  if (returns && now - returns_opened < std::chrono::duration<double>(kReopenS)) return nullptr;
+  ended = std::move(returns);
+  returns = std::make_shared<ReturnListener>(channel, bearer);
+  returns_opened = now;
+  return returns;
+}
+
+// One chain call: the head's reply and the tail's direct return race; the
+// first wins. Shared by the waiting step and the call's callback (which may
+// come after the step took the direct return).
+struct RemoteEndpoint::Impl::ChainCall {
+  grpc::ClientContext ctx;
+  pb::StepRequest req;
+  pb::StepResponse reply;
+  Mutex mu;
+  CondVar changed{&mu};
+  bool replied GUARDED_BY(mu) = false;
+  grpc::Status status GUARDED_BY(mu);
+  std::optional<pb::StepResponse> returned GUARDED_BY(mu);
+};
+
+namespace {
+
+// A chain answer from the route's reply `resp` (or a direct return).
+mesh::ChainAnswer ChainResult(pb::StepResponse& resp, const std::vector<RemoteEndpoint*>& hops,
+                              int64_t route_epoch) {
+  mesh::ChainAnswer answer;
+  answer.hop = static_cast<size_t>(std::max(0, resp.chain_hop()));
+  answer.route_compute_micros = resp.route_compute_micros();
+  const std::string peer =
+      answer.hop < hops.size() ? hops[answer.hop]->name() : "hop " + std::to_string(answer.hop);
+  try {
+    if (resp.chain_code() != 0) {
+      std::optional<std::string_view> kind;
+      if (!resp.chain_kind().empty()) kind = resp.chain_kind();
+      ThrowForCode(static_cast<grpc::StatusCode>(resp.chain_code()), kind, resp.chain_message(),
+                   peer, "Step (forwarded)");
+    }
+    answer.result = DecodeAnswer(resp, route_epoch, peer, "Step");
+  } catch (...) {
+    answer.error = std::current_exception();
+  }
+  return answer;
+}
+
+}  // namespace
+
+void RemoteEndpoint::Impl::StartChainCall(const std::shared_ptr<ChainCall>& call, double hops) {
+  // The route's deadline: each hop gives the rest of the route a share of
+  // what it has left (rpc/forward.h), so a stalled hop is named by the hop
+  // before it, in time.
+  Prepare(call->ctx, options.timeout_s * hops, /*wait_for_ready=*/false);
+  {
+    MutexLock lock(&chain_calls->mu);
+    chain_calls->live.insert(&call->ctx);
+  }
+  stub->async()->Step(&call->ctx, &call->req, &call->reply,
+                      [call, calls = chain_calls](grpc::Status s) {
+                        {
+                          MutexLock lock(&call->mu);
+                          call->status = std::move(s);
+                          call->replied = true;
+                          call->changed.SignalAll();
+                        }
+                        MutexLock lock(&calls->mu);
+                        calls->live.erase(&call->ctx);
+                        calls->none.SignalAll();
+                      });
+}
+
+mesh::ChainAnswer RemoteEndpoint::Impl::CallChain(const pb::StepRequest& req,
+                                                  const std::vector<RemoteEndpoint*>& hops,
+                                                  int64_t route_epoch) {
+  for (int attempt = 0;; ++attempt) {
+    auto call = std::make_shared<ChainCall>();
+    call->req = req;
+    std::shared_ptr<ReturnListener> listener = hops.back()->impl_->Returns();
+    const bool direct = listener && listener->ready();
+    if (direct) {
+      call->req.set_return_id(listener->id());
+      listener->Expect(req.session_id(), req.step_id(), [call](pb::StepResponse r) {
+        MutexLock lock(&call->mu);
+        call->returned = std::move(r);
+        call->changed.SignalAll();
+      });
+    }
+    StartChainCall(call, static_cast<double>(hops.size()));
+    std::optional<pb::StepResponse> returned;
+    grpc::Status status;
+    {
+      MutexLock lock(&call->mu);
+      while (!call->replied && !call->returned) call->changed.Wait();
+      if (call->returned) {
+        returned = std::move(call->returned);
+      } else {
+        status = call->status;
+      }
+    }
+    if (direct) listener->Forget(req.session_id(), req.step_id());
+    if (returned) return ChainResult(*returned, hops, route_epoch);
+    if (status.ok()) return ChainResult(call->reply, hops, route_epoch);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < options.step_retries &&
+        channel->WaitForConnected(After(options.connect_timeout_s))) {
+      continue;  // same step id: every hop answers a repeat from its idempotency cache
+    }
+    mesh::ChainAnswer failed;
+    try {
+      ThrowForStatus(status, call->ctx, address, "Step");
+    } catch (...) {
+      failed.error = std::current_exception();
+    }
+    return failed;
+  }
+}
+
+std::optional<mesh::ChainAnswer> RemoteEndpoint::ChainStep(mesh::StepRequest request,
+                                                           mesh::RouteHops route) {
+  Impl& m = *impl_;
+  const ClientOptions& o = m.options;
+  if (!o.chain || route.size() < 2 || route.front().get() != this) return std::nullopt;
+  std::vector<RemoteEndpoint*> hops;
+  for (const auto& hop : route) {
+    auto* remote = dynamic_cast<RemoteEndpoint*>(hop.get());
+    if (remote == nullptr) return std::nullopt;
+    hops.push_back(remote);
+  }
+  pb::StepRequest req;
+  EncodeStepRequest(request, o.wire_dtype, o.wire_dtype, o.want_logits || request.want_logits,
+                    &req);
+  for (const RemoteEndpoint* hop : hops) req.add_chain_route(hop->name());
+  req.set_chain_index(0);
+  MarkOnReturn mark;
+  Transit::Get().Clear();
+  return m.CallChain(req, hops, request.route_epoch);
 }
 
 void RemoteEndpoint::Release(const std::string& session_id, const std::string& session_secret,

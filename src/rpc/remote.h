@@ -87,6 +87,12 @@ class RemoteEndpoint final : public mesh::ShardEndpoint {
   // One StepMany call (a lone step: a Step), in the pipeline gate's turn;
   // a node that refuses StepMany gets the steps one by one.
   std::vector<mesh::GroupAnswer> StepGroup(std::span<const mesh::StepRequest> requests) override;
+  // With ClientOptions::chain and a route of RemoteEndpoints: one Step
+  // call to this node naming the whole route (StepRequest.chain_route); the
+  // tail's answer comes on its Returns stream (rpc/return_listener.h) or,
+  // failing that, as this node's reply.
+  std::optional<mesh::ChainAnswer> ChainStep(mesh::StepRequest request,
+                                             mesh::RouteHops route) override;
   void Release(const std::string& session_id, const std::string& session_secret,
                int64_t route_epoch) override;
   // Keeps the first `length` positions. A miss throws kv::CacheMissError.

@@ -27,12 +27,14 @@
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/codec.h"
+#include "rpc/forward.h"
 #include "rpc/grpc_listen.h"
 #include "rpc/kv_transfer.h"
 #include "rpc/metrics.h"
 #include "rpc/migrate.h"
 #include "rpc/node_service.h"
 #include "rpc/prove.h"
+#include "rpc/returns.h"
 #include "rpc/server_auth.h"
 #include "rpc/server_limits.h"
 #include "rpc/server_trim.h"
@@ -110,7 +112,10 @@ class PeerLimits {
   std::unordered_map<std::string, int> calls_;  // GUARDED_BY(mu_)
 };
 
-class MeshNodeService final : public pb::MeshNode::Service {
+// Every method synchronous but Returns (a callback reactor: an open stream
+// pins no handler thread).
+class MeshNodeService final
+    : public pb::MeshNode::WithCallbackMethod_Returns<pb::MeshNode::Service> {
  public:
   MeshNodeService(NodeService* core, const NodeServerOptions& o, const SigningKey* key,
                   std::shared_ptr<const TokenGate> gate)
@@ -120,7 +125,22 @@ class MeshNodeService final : public pb::MeshNode::Service {
         peers_(o.max_calls_per_peer),
         session_rate_(o.max_new_sessions_per_minute),
         max_streams_(o.max_streams),
+        returns_(o.max_return_streams),
+        forwarder_(o.peers, ForwarderSelf(*core)),
         fanout_(o.max_rpc_threads) {}
+
+  static Forwarder::Self ForwarderSelf(NodeService& core) {
+    const node::NodeInfo info = core.core().Info();
+    return Forwarder::Self{info.shard.model_id, info.shard.end_layer};
+  }
+
+  // Chain forwarding's direct return (rpc/returns.h).
+  grpc::ServerWriteReactor<pb::StepReturn>* Returns(grpc::CallbackServerContext* ctx,
+                                                    const pb::ReturnsRequest* req) override {
+    const bool authorized = gate_->Admits(kDataPath, *ctx);
+    if (!authorized) core_->counters().CountError(ErrorKind::kPermissionDenied);
+    return returns_.Open(ctx, req->return_id(), authorized);
+  }
 
   grpc::Status Info(grpc::ServerContext* ctx, const pb::InfoRequest*,
                     pb::InfoResponse* out) override {
@@ -174,6 +194,12 @@ class MeshNodeService final : public pb::MeshNode::Service {
                         pb::StepManyResponse* out) override {
     if (grpc::Status s = CheckToken(ctx); !s.ok()) return s;
     const int n = req->steps_size();
+    for (const pb::StepRequest& r : req->steps()) {
+      if (r.chain_route_size() > 0) {
+        return ToStatus(Error(ErrorKind::kInvalidArgument, "a chain step goes in a Step call"),
+                        ctx);
+      }
+    }
     if (n < 1 || n > kMaxStepsPerCall) {
       return ToStatus(Error(ErrorKind::kInvalidArgument, "StepMany takes 1.." +
                                                              std::to_string(kMaxStepsPerCall) +
@@ -409,11 +435,45 @@ class MeshNodeService final : public pb::MeshNode::Service {
   // (the context's auth_context() is not safe from several threads at once).
   void LimitedStep(grpc::ServerContext* ctx, const std::string& peer, const pb::StepRequest& req,
                    pb::StepResponse* out) {
+    const bool chained = req.chain_route_size() > 0;
+    if (chained) Forwarder::CheckChain(req, address_);
     if (req.prefill()) session_rate_.Open(peer, req.session_id());
     PeerLimits::Slot slot(&peers_, peer);
-    shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
-    const InFlight counted(&in_flight_, 1);
-    core_->Step(req, out);
+    {
+      shard::ScopedStepCancel cancel([ctx] { return ctx->IsCancelled(); });
+      const InFlight counted(&in_flight_, 1);
+      core_->Step(req, out);
+    }
+    if (chained) Chain(*ctx, req, out);
+  }
+
+  // A chain step this node ran (`out`: its answer): the tail's output also
+  // goes on the client's Returns stream; a bundle goes on to the next hop,
+  // whose answer (the route's) becomes this call's.
+  void Chain(const grpc::ServerContext& ctx, const pb::StepRequest& req, pb::StepResponse* out) {
+    out->set_chain_hop(req.chain_index());
+    out->set_route_compute_micros(out->compute_micros());
+    const bool last = req.chain_index() + 1 == req.chain_route_size();
+    if (last || !out->has_bundle()) {
+      if (last && out->has_tail() && !req.return_id().empty()) {
+        pb::StepReturn answer;
+        answer.set_session_id(req.session_id());
+        answer.set_step_id(req.step_id());
+        *answer.mutable_response() = *out;
+        if (returns_.Push(req.return_id(), answer)) {
+          core_->counters().chain_returns.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      return;  // a miss, or a bundle from the last hop (the client refuses it)
+    }
+    pb::StepRequest next = req;
+    next.clear_tokens();
+    next.mutable_bundle()->Swap(out->mutable_bundle());
+    const int64_t own = out->compute_micros();
+    out->Clear();
+    forwarder_.Forward(ctx.deadline(), &next, out);
+    core_->counters().chain_forwarded.fetch_add(1, std::memory_order_relaxed);
+    out->set_route_compute_micros(out->route_compute_micros() + own);
   }
 
  public:
@@ -452,6 +512,8 @@ class MeshNodeService final : public pb::MeshNode::Service {
   SessionRateLimiter session_rate_;
   const int max_streams_;
   std::atomic<int> open_streams_{0};
+  ReturnHub returns_;
+  Forwarder forwarder_;
   std::atomic<int64_t> in_flight_{0};  // steps running (the registry's load signal)
   util::Fanout fanout_;                // StepMany's steps, each on a thread of its own
 };
@@ -609,7 +671,8 @@ void NodeServer::Start() {
                             "meshnet-node", " (address in use, or not host:port?)", &port);
   m.bound = HostOf(m.options.listen) + ":" + std::to_string(port);
   try {
-    m.service.set_address(CanonicalHostPort(m.bound));
+    m.service.set_address(
+        CanonicalHostPort(m.options.advertise.empty() ? m.bound : m.options.advertise));
   } catch (const Error& e) {
     spdlog::warn("event=no_provable_address listen={} message=\"{}\"", m.bound, e.what());
   }
@@ -647,6 +710,14 @@ void NodeServer::Start() {
 }
 
 std::string NodeServer::bound_address() const { return impl_->bound; }
+std::string NodeServer::advertised_address() const {
+  try {
+    return CanonicalHostPort(impl_->options.advertise.empty() ? impl_->bound
+                                                              : impl_->options.advertise);
+  } catch (const Error&) {
+    return "";
+  }
+}
 std::string NodeServer::metrics_address() const { return impl_->metrics_bound; }
 int NodeServer::kv_transfer_port() const {
   return impl_->kv_transfer ? impl_->kv_transfer->port() : 0;

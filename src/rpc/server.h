@@ -46,6 +46,9 @@ class NodeServer {
   void Start();
   // "host:port" actually bound (port 0 resolved).
   std::string bound_address() const;
+  // NodeServerOptions::advertise, else the canonical bound address ("" when
+  // that names no host).
+  std::string advertised_address() const;
   // "host:port" of /metrics, empty without an exposer.
   std::string metrics_address() const;
   // The KV transfer port (rpc/kv_transfer.h); 0 when none is open.

@@ -139,7 +139,7 @@ bool TokenGate::Check(std::string_view path, std::string_view authorization,
   return false;
 }
 
-bool TokenGate::Admits(std::string_view path, const grpc::ServerContext& ctx) const {
+bool TokenGate::Admits(std::string_view path, const grpc::ServerContextBase& ctx) const {
   return Admits(path, Metadata(ctx, "authorization"), Metadata(ctx, kPeerProofMetadata));
 }
 

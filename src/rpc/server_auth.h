@@ -56,7 +56,7 @@ class TokenGate {
   bool Check(std::string_view path, std::string_view authorization,
              std::string_view peer_proof) const;
   // The handlers' own check, behind the credentials' gate.
-  bool Admits(std::string_view path, const grpc::ServerContext& ctx) const;
+  bool Admits(std::string_view path, const grpc::ServerContextBase& ctx) const;
   const std::string& token_digest() const { return digest_; }
 
  private:

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <deque>
 #include <list>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -68,7 +69,8 @@ struct Direction {
 }  // namespace
 
 struct DelayProxy::Loop {
-  std::string target;
+  std::mutex target_mu;
+  std::string target;  // guarded by target_mu (SetTarget)
   Clock::duration delay;
   double rate = 0;
   int listen_fd = -1;
@@ -81,7 +83,12 @@ struct DelayProxy::Loop {
   void Accept(std::atomic<int64_t>* accepted) {
     const int client = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) return;
-    const int upstream = ConnectTo(target);
+    std::string to;
+    {
+      std::lock_guard<std::mutex> lock(target_mu);
+      to = target;
+    }
+    const int upstream = to.empty() ? -1 : ConnectTo(to);
     if (upstream < 0) {
       close(client);
       return;
@@ -134,6 +141,11 @@ struct DelayProxy::Loop {
     return true;
   }
 };
+
+void DelayProxy::SetTarget(const std::string& target) {
+  std::lock_guard<std::mutex> lock(loop_->target_mu);
+  loop_->target = target;
+}
 
 DelayProxy::DelayProxy(const std::string& target, double delay_s, double rate_bytes_s,
                        int listen_port)
@@ -201,9 +213,13 @@ void DelayProxy::Run() {
         }
       }
     }
-    const auto wait_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
-    poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, wait_ms)));
+    // Woken to the microsecond (poll's whole milliseconds, rounded up, made
+    // every crossing ~1-2 ms longer than the delay asked for).
+    const int64_t wait_us = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::microseconds>(next - now).count() + 1);
+    const timespec wait{static_cast<time_t>(wait_us / 1000000),
+                        static_cast<long>((wait_us % 1000000) * 1000)};
+    ppoll(fds.data(), fds.size(), &wait, nullptr);
     if (fds[1].revents != 0) return;
     if (fds[0].revents & POLLIN) l.Accept(&accepted_);
     for (size_t i = 2; i < fds.size(); ++i) {

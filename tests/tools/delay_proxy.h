@@ -30,7 +30,8 @@ class DelayProxy {
  public:
   static constexpr int64_t kMaxQueuedBytes = int64_t{8} << 20;
 
-  // `target`: "host:port" (IPv4 or a name). Listens on 127.0.0.1:listen_port
+  // `target`: "host:port" (IPv4 or a name; "": none yet, connections are
+  // closed until SetTarget names one). Listens on 127.0.0.1:listen_port
   // (0: any free port). Throws std::runtime_error when it cannot listen.
   DelayProxy(const std::string& target, double delay_s, double rate_bytes_s = 0,
              int listen_port = 0);
@@ -38,6 +39,9 @@ class DelayProxy {
   DelayProxy(const DelayProxy&) = delete;
   DelayProxy& operator=(const DelayProxy&) = delete;
 
+  // Where connections accepted from now on go (a node started after its
+  // proxy, to learn the address it is reached at: serve --advertise).
+  void SetTarget(const std::string& target);
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   int64_t connections() const { return accepted_.load(); }
