@@ -176,6 +176,7 @@ mesh::GenerateOptions Engine::GenerateOptionsFor(const PreparedGeneration& gen) 
   options.want_logits = gen.logprobs >= 0;
   options.prefill_chunk = options_.prefill_chunk;
   options.speculate = options_.speculate;
+  options.draft = options_.draft;
   if (tokenizer_.eos_id() != model::kNoToken) options.eos_id = tokenizer_.eos_id();
   options.stop_ids = tokenizer_.eog_ids();  // eos, eot, eom, <|im_end|>, ...
   return options;

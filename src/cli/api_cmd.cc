@@ -17,6 +17,7 @@
 #include "api/server.h"
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/draft_model.h"
 #include "cli/flags.h"
 #include "cli/in_process_route.h"
 #include "gguf/gguf_reader.h"
@@ -68,8 +69,9 @@ struct ApiFlags {
   int64_t ctx = 0;
   std::string chat_template;
   bool allow_control_in_content = false;
-  int prefix_cache = 0;  // --prefix-cache: sessions kept for later prompts
-  int speculate = 0;     // --speculate
+  int prefix_cache = 0;     // --prefix-cache: sessions kept for later prompts
+  int speculate = 0;        // --speculate
+  std::string draft_model;  // --draft-model
   double grace_s = 10.0;
   BatchFlags batch;
 };
@@ -240,6 +242,8 @@ int RunApi(const ApiFlags& f) {
   eo.allow_control_in_content = f.allow_control_in_content;
   eo.prefix_cache_sessions = f.prefix_cache;
   eo.speculate = f.speculate;
+  eo.draft = OpenDraftModel(f.draft_model, tokenizer);
+  if (eo.draft && eo.speculate == 0) eo.speculate = kDefaultDraftTokens;
   api::Engine engine(std::move(tokenizer), std::move(formatter), route.factory, eo);
   ExposeRouteCosts(route.remote, engine.metrics());
 
@@ -340,12 +344,8 @@ void AddFlags(CLI::App* sub, ApiFlags* f) {
                   "turn of a chat, computes only the rest (0: off; 0..4096)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  sub->add_option("--speculate", f->speculate,
-                  "Speculative decoding: up to K draft tokens per step from prompt lookup, "
-                  "verified by the route in one pass; the same output as without (0 = off; "
-                  "not with logprobs, penalties or logit_bias)")
-      ->check(CLI::Range(0, 64))
-      ->capture_default_str();
+  AddSpeculationFlags(sub, &f->speculate, &f->draft_model,
+                      "; not with logprobs, penalties or logit_bias");
   sub->add_option("--grace", f->grace_s, "Seconds in-flight requests get to finish on shutdown")
       ->capture_default_str();
   AddBatchFlags(sub, &f->batch, "each in-process shard");

@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "cli/draft_model.h"
+
 namespace meshnet::cli {
 
 CLI::Validator IntRange(int64_t lo, int64_t hi) {
@@ -88,6 +90,24 @@ void AddForwardingFlag(CLI::App* sub, std::string* forwarding) {
                   "layers of the same model)")
       ->check(CLI::IsMember({"star", "chain"}))
       ->capture_default_str();
+}
+
+void AddSpeculationFlags(CLI::App* sub, int* speculate, std::string* draft_model,
+                         const std::string& note) {
+  sub->add_option("--speculate", *speculate,
+                  "Speculative decoding: up to K draft tokens per step from prompt lookup (the "
+                  "tokens that followed the text's last 3, 2 or 1 tokens earlier on) or "
+                  "--draft-model, verified by the route in one pass; the output is the same as "
+                  "without (0 = off" +
+                      note + ")")
+      ->capture_default_str()
+      ->check(IntRange(0, 64));
+  sub->add_option("--draft-model", *draft_model,
+                  "Speculative decoding's drafts from this small GGUF model, run here (same "
+                  "vocabulary as --model, else refused), instead of prompt lookup; --speculate "
+                  "defaults to " +
+                      std::to_string(kDefaultDraftTokens) +
+                      " with it. The output is the same as without");
 }
 
 void AddPromptChunkFlag(CLI::App* sub, int64_t* chunk) {

@@ -96,6 +96,11 @@ void AddPipelineDepthFlag(CLI::App* sub, int* depth);
 // drive sessions over nodes.
 void AddForwardingFlag(CLI::App* sub, std::string* forwarding);
 
+// --speculate K (0..64) and --draft-model FILE (cli/draft_model.h), for the
+// commands that drive generations; `note` ends --speculate's help.
+void AddSpeculationFlags(CLI::App* sub, int* speculate, std::string* draft_model,
+                         const std::string& note);
+
 // --prompt-chunk (mesh::GenerateOptions::prefill_chunk), default
 // kDefaultPromptChunk, for the commands that drive sessions over a route.
 inline constexpr int64_t kDefaultPromptChunk = 256;

@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/draft_model.h"
 #include "cli/flags.h"
 #include "cli/generate_load.h"
 #include "cli/in_process_route.h"
@@ -56,6 +57,7 @@ struct GenerateFlags {
   std::string forwarding = "star";             // --forwarding (rpc::ClientOptions::chain)
   int64_t prompt_chunk = kDefaultPromptChunk;  // --prompt-chunk
   int speculate = 0;                           // --speculate
+  std::string draft_model;                     // --draft-model
   bool no_bos = false;
   bool special = false;
   std::string dump_logits;
@@ -168,6 +170,8 @@ mesh::GenerateOptions MakeGenerateOptions(const GenerateFlags& f, const gguf::Gg
   options.stop_ids = tokenizer.eog_ids();  // eos, eot, eom, ...
   options.prefill_chunk = f.prompt_chunk;
   options.speculate = f.speculate;
+  options.draft = OpenDraftModel(f.draft_model, tokenizer);
+  if (options.draft && options.speculate == 0) options.speculate = kDefaultDraftTokens;
   if (!f.force_file.empty()) {
     options.forced_ids = tokenizer.Tokenize(ReadForceFile(f.force_file), false, f.special);
   }
@@ -350,12 +354,7 @@ CLI::Option* AddGenerateOutputFlags(CLI::App* sub, GenerateFlags* f) {
   AddPipelineDepthFlag(sub, &f->pipeline_depth);
   AddForwardingFlag(sub, &f->forwarding);
   AddPromptChunkFlag(sub, &f->prompt_chunk);
-  sub->add_option("--speculate", f->speculate,
-                  "Speculative decoding: up to K draft tokens per step from prompt lookup (the "
-                  "tokens that followed the text's last 3, 2 or 1 tokens earlier on), verified "
-                  "by the route in one pass; the output is the same as without (0 = off)")
-      ->capture_default_str()
-      ->check(IntRange(0, 64));
+  AddSpeculationFlags(sub, &f->speculate, &f->draft_model, "");
   return sessions;
 }
 

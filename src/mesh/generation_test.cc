@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "gguf/gguf_reader.h"
+#include "mesh/draft.h"
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
@@ -334,6 +335,43 @@ TEST(Generation, SpeculationGivesThePlainTokens) {
         EXPECT_EQ(m.Get(o.session_id, 0).seq_len(), static_cast<int64_t>(r.kv_tokens.size()))
             << what << ", hop " << i;
         m.Release(o.session_id, 0);
+      }
+    }
+  }
+}
+
+// Drafts from a draft model (the shipped model, and its Q4_K_M quantization
+// as a smaller, different one): the plain tokens, greedy and sampled; the
+// model as its own draft is right about every greedy draft, the quantized
+// one about many, and a draft model's session ends with the generation.
+TEST(Generation, ADraftModelGivesThePlainTokens) {
+  const std::vector<int32_t> prompt = Prompt();
+  InProcessMeshOptions mo;
+  mo.split = node::EvenSplit(3, 5);
+  InProcessMesh mesh(File(), mo, Pool());
+  const std::string quantized =
+      std::string(MESHNET_SOURCE_DIR) + "/tests/data/quant/stories260K-Q4_K_M.gguf";
+  for (const std::string& path : {kModel, quantized}) {
+    auto draft = std::make_shared<DraftModel>(
+        std::make_shared<const gguf::GgufFile>(gguf::GgufFile::Open(path)), int64_t{16} << 20);
+    for (const float temperature : {0.0f, 0.8f}) {
+      shard::SamplingContract sampling;
+      sampling.temperature = temperature;
+      sampling.seed = 5;
+      const RunOutput plain = Generate(mesh, prompt, 80, {}, sampling);
+      FixedRouteProvider provider(mesh.route());
+      GenerateOptions o;
+      o.max_tokens = 80;
+      o.sampling = sampling;
+      o.speculate = 4;
+      o.draft = draft;
+      const GenerateResult r = mesh::Generate(provider, prompt, o);
+      const std::string what = path + ", temperature " + std::to_string(temperature);
+      EXPECT_EQ(r.generated_ids, plain.tokens) << what;
+      EXPECT_GT(r.accepted, 0) << what;
+      if (temperature == 0.0f && path == kModel) {
+        EXPECT_EQ(r.accepted, r.drafted) << what << ": the model drafts its own greedy tokens";
+        EXPECT_LE(r.verify_steps, 80 / 5 + 2) << what;
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "mesh/draft.h"
 #include "mesh/route_step.h"
 #include "node/identity.h"
 #include "util/error.h"
@@ -130,6 +131,7 @@ class GenerationLoop {
                      : options.speculate;
     drafts_.reserve(static_cast<size_t>(speculate_));
     send_.reserve(static_cast<size_t>(speculate_) + 1);
+    if (speculate_ > 0 && options.draft) drafter_ = options.draft->NewDrafter();
   }
 
   GenerateResult Run() {
@@ -275,6 +277,10 @@ class GenerationLoop {
     room = std::min<int64_t>(
         room, options_.max_tokens - static_cast<int64_t>(result_.generated_ids.size()) - 1);
     if (options_.context_length > 0) room = std::min(room, options_.context_length - n - 1);
+    if (drafter_) {  // the draft model's greedy guesses
+      if (room > 0) drafter_->Propose(history_, static_cast<int>(room), &drafts_);
+      return;
+    }
     for (int64_t g = std::min<int64_t>(3, n - 1); g >= 1 && room > 0; --g) {
       const auto tail = history_.end() - g;
       for (int64_t start = n - g - 1; start >= 0; --start) {
@@ -429,6 +435,7 @@ class GenerationLoop {
   int64_t fed_ = 0;   // tokens of history_ whose KV every hop of route_ holds
   int64_t held_ = 0;  // positions the hops hold (more than fed_: rejected drafts)
   int speculate_ = 0;
+  std::unique_ptr<Drafter> drafter_;  // GenerateOptions::draft's, or null: prompt lookup
   std::vector<int32_t> drafts_, send_;
   int recoveries_ = 0;
   uint64_t step_id_ = 0;

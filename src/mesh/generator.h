@@ -45,6 +45,7 @@
 namespace meshnet::mesh {
 
 class CohortCarrier;
+class DraftModel;
 
 struct Route {
   std::vector<std::shared_ptr<ShardEndpoint>> hops;  // head first
@@ -144,6 +145,9 @@ struct GenerateOptions {
   // want_logits or an on_logits event (their steps decode one token at a
   // time: a verify step answers only its last row's logits).
   int speculate = 0;
+  // The drafts' source (with speculate > 0): a small model of the same
+  // vocabulary run in this process (mesh/draft.h); null: prompt lookup.
+  std::shared_ptr<DraftModel> draft;
 };
 
 struct GenerateEvents {

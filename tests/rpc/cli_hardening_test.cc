@@ -183,6 +183,26 @@ TEST_F(CliHardeningTest, SpeculationKeepsTheOutput) {
   }
 }
 
+// A draft model keeps the output; one of another vocabulary is refused.
+TEST_F(CliHardeningTest, DraftModelKeepsTheOutputAndNeedsTheSameVocabulary) {
+  const std::string dir = std::string(kModel).substr(0, std::string(kModel).rfind("/models/"));
+  std::vector<std::string> args = {"generate", "--prompt", "Once upon a time", "-n",  "64",
+                                   "--seed",   "3",        "--output",         "json"};
+  const CliResult plain = Run(args);
+  args.insert(args.end(), {"--draft-model", dir + "/tests/data/quant/stories260K-Q4_K_M.gguf"});
+  const CliResult drafted = Run(args);
+  ASSERT_EQ(plain.exit_code, 0) << Describe(plain);
+  ASSERT_EQ(drafted.exit_code, 0) << Describe(drafted);
+  const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(drafted.out);
+  EXPECT_EQ(b["generated_ids"], a["generated_ids"]);
+  EXPECT_GT(b["speculation"]["accepted"].get<int>(), 0);
+  const CliResult other = Run({"generate", "--prompt", "x", "--draft-model",
+                               dir + "/tests/data/tokenizers/ggml-vocab-gpt-2.gguf"});
+  EXPECT_EQ(other.exit_code, 2) << Describe(other);
+  EXPECT_THAT(other.err, HasSubstr("--draft-model")) << Describe(other);
+  EXPECT_THAT(other.err, HasSubstr("vocabulary")) << Describe(other);
+}
+
 // generate takes the dtype spellings serve takes.
 TEST_F(CliHardeningTest, GenerateAcceptsHalfPrecisionAliases) {
   for (const char* dtype : {"f16", "bf16", "fp32"}) {
