@@ -9,7 +9,9 @@
 //   BM_Wan/<delay_ms>/<sessions>: `sessions` sessions at once, 256 greedy
 //     tokens each (64 for 16 sessions) of a prompt that repeats itself, star
 //     and chain, each plainly and with speculative decoding (prompt lookup,
-//     --speculate 4), alternated in one run; reports each one's aggregate
+//     --speculate 4), and along the chain with drafts from a draft model
+//     (the shipped model's Q4_K_M quantization, tests/data/quant), alternated
+//     in one run; reports each one's aggregate
 //     tokens/s, over the star's floor, chain_over_star and
 //     chain_spec_over_star. The outputs are checked identical.
 #include <benchmark/benchmark.h>
@@ -20,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "gguf/gguf_reader.h"
+#include "mesh/draft.h"
 #include "mesh/generator.h"
 #include "mesh/multi_session.h"
 #include "rpc/remote.h"
@@ -84,6 +88,15 @@ void BM_Wan(benchmark::State& state) {
   plain.max_tokens = sessions == 1 ? 256 : 64;
   mesh::GenerateOptions spec = plain;
   spec.speculate = 4;
+  // A draft model: the shipped model's Q4_K_M quantization (same vocabulary,
+  // other weights), run in this process.
+  mesh::GenerateOptions drafted = spec;
+  std::string quant = MESHNET_SHIPPED_MODEL;
+  quant.replace(quant.rfind("models/"), std::string::npos,
+                "tests/data/quant/stories260K-Q4_K_M.gguf");
+  drafted.draft = std::make_shared<mesh::DraftModel>(
+      std::make_shared<const meshnet::gguf::GgufFile>(meshnet::gguf::GgufFile::Open(quant)),
+      int64_t{64} << 20);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < sessions; ++i) {
     prompts.push_back(Prompt());
@@ -94,7 +107,7 @@ void BM_Wan(benchmark::State& state) {
     int64_t tokens = 0;
     double tps() const { return static_cast<double>(tokens) / seconds; }
   };
-  Side sides[4];  // star, star + spec, chain, chain + spec
+  Side sides[5];  // star, star + spec, chain, chain + spec, chain + draft model
   auto run = [&](mesh::RouteProvider& p, const mesh::GenerateOptions& o, Side* side) {
     mesh::MultiSessionDriver driver(p, {});
     const mesh::MultiSessionReport r = driver.Run(prompts, o);
@@ -111,13 +124,14 @@ void BM_Wan(benchmark::State& state) {
   (void)run(*chain, plain, &warm);             // opens the tail's Returns stream
   for (auto _ : state) {
     if (run(*star, plain, &sides[0]) != want || run(*star, spec, &sides[1]) != want ||
-        run(*chain, plain, &sides[2]) != want || run(*chain, spec, &sides[3]) != want) {
+        run(*chain, plain, &sides[2]) != want || run(*chain, spec, &sides[3]) != want ||
+        run(*chain, drafted, &sides[4]) != want) {
       state.SkipWithError("chain or speculation changed the output");
       return;
     }
   }
-  const char* names[4] = {"star", "star_spec", "chain", "chain_spec"};
-  for (int i = 0; i < 4; ++i) {
+  const char* names[5] = {"star", "star_spec", "chain", "chain_spec", "chain_draft"};
+  for (int i = 0; i < 5; ++i) {
     state.counters[std::string(names[i]) + "_tok_s"] = sides[i].tps();
     if (delay_s > 0) {
       state.counters[std::string(names[i]) + "_over_floor"] = sides[i].tps() * 6 * delay_s;
@@ -125,6 +139,7 @@ void BM_Wan(benchmark::State& state) {
   }
   state.counters["chain_over_star"] = sides[2].tps() / sides[0].tps();
   state.counters["chain_spec_over_star"] = sides[3].tps() / sides[0].tps();
+  state.counters["chain_draft_over_star"] = sides[4].tps() / sides[0].tps();
   state.counters["spec_over_plain_star"] = sides[1].tps() / sides[0].tps();
 }
 BENCHMARK(BM_Wan)
