@@ -207,16 +207,9 @@ namespace {
 class SilentListener {
  public:
   SilentListener() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 512) != 0 ||
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      throw std::runtime_error("silent listener");
-    }
-    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    int port = 0;
+    fd_ = testing::ListenOnLoopback(512, &port);
+    address_ = "127.0.0.1:" + std::to_string(port);
   }
   ~SilentListener() { close(fd_); }
   const std::string& address() const { return address_; }

@@ -80,6 +80,23 @@ inline TestPki MakeTestPki(const ScratchDir& dir) {
                  d + "/client.key", d + "/other.pem",  d + "/oclient.pem", d + "/oclient.key"};
 }
 
+// A TCP socket listening on 127.0.0.1 at a free port (into *port), with
+// `backlog`. Throws std::runtime_error when it cannot.
+inline int ListenOnLoopback(int backlog, int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      listen(fd, backlog) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error("cannot listen on 127.0.0.1");
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 // GET http://host:port/path over HTTP/1.0; returns the body ("" on failure).
 inline std::string HttpGet(const std::string& host_port, const std::string& path) {
   const size_t colon = host_port.rfind(':');

@@ -194,15 +194,7 @@ TEST_F(ChainProcessTest, AKilledMiddleNodeOnAChainFailsOverToTheStandby) {
 class Recorder {
  public:
   Recorder() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    EXPECT_EQ(listen(fd_, 16), 0);
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    fd_ = testing::ListenOnLoopback(16, &port_);
     thread_ = std::thread([this] { Run(); });
   }
   ~Recorder() {
