@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "rpc/auth.h"
@@ -34,6 +35,9 @@ struct Forwarder::Peer {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::MeshNode::Stub> stub;
   SteadyClock::time_point proven_until{};  // guarded by Forwarder::mu_
+  // A failed proof, answered again without a new Prove until then.
+  SteadyClock::time_point refused_until{};  // guarded by Forwarder::mu_
+  std::optional<Error> refusal;             // guarded by Forwarder::mu_
 };
 
 Forwarder::Forwarder(ClientOptions peers, Self self)
@@ -88,6 +92,7 @@ std::shared_ptr<Forwarder::Peer> Forwarder::ProvenPeer(const std::string& addres
     if (it != peers_.end()) {
       peer = it->second;
       if (SteadyClock::now() < peer->proven_until) return peer;
+      if (SteadyClock::now() < peer->refused_until && peer->refusal) throw *peer->refusal;
     } else {
       if (peers_.size() >= kMaxPeers) {
         // Forget a peer no step is using (the map holds the only reference).
@@ -110,7 +115,22 @@ std::shared_ptr<Forwarder::Peer> Forwarder::ProvenPeer(const std::string& addres
     }
   }
   // Proven outside the lock (steps racing to a new peer may each prove it).
-  ProvenNode proven = ProveOn(*peer->stub, address, options_);
+  try {
+    CheckPeer(ProveOn(*peer->stub, address, options_), address);
+  } catch (const Error& e) {
+    MutexLock lock(&mu_);
+    peer->refusal = e;
+    peer->refused_until = SteadyClock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(kRefusedSeconds * 1000));
+    throw;
+  }
+  MutexLock lock(&mu_);
+  peer->proven_until =
+      SteadyClock::now() + std::chrono::milliseconds(static_cast<int64_t>(kProvenSeconds * 1000));
+  return peer;
+}
+
+void Forwarder::CheckPeer(const ProvenNode& proven, const std::string& address) const {
   if (proven.info.shard.model_id != self_.model_id) {
     throw Error(ErrorKind::kPermissionDenied,
                 "will not forward to " + address + ": it serves another model");
@@ -121,10 +141,6 @@ std::shared_ptr<Forwarder::Peer> Forwarder::ProvenPeer(const std::string& addres
                     std::to_string(proven.info.shard.start_layer) +
                     ", the next hop must start at " + std::to_string(self_.end_layer + 1));
   }
-  MutexLock lock(&mu_);
-  peer->proven_until =
-      SteadyClock::now() + std::chrono::milliseconds(static_cast<int64_t>(kProvenSeconds * 1000));
-  return peer;
 }
 
 void Forwarder::Forward(std::chrono::system_clock::time_point deadline, pb::StepRequest* next,

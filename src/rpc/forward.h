@@ -15,7 +15,8 @@
 //     model from the layer after this node's last, and, when this node has a
 //     cluster token, a member of the cluster (rpc/prove.h). An address that
 //     is not such a node gets no step, not even its first byte: Prove sends
-//     no token and nothing of the client's.
+//     no token and nothing of the client's. A failed proof is remembered for
+//     kRefusedSeconds (no Prove storm at a bad address).
 // The step then carries this node's cluster token (a peer is a member), the
 // session's id, secret and epoch, the step id (a re-sent chain step is
 // answered from each hop's idempotency cache), CRC and deadline as the
@@ -33,6 +34,7 @@
 
 #include "proto/meshnet.grpc.pb.h"
 #include "rpc/options.h"
+#include "rpc/prove.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
 
@@ -44,6 +46,9 @@ class Forwarder {
  public:
   static constexpr int kMaxRouteHops = 16;
   static constexpr double kProvenSeconds = 60.0;
+  // A peer that failed its proof is refused again without a new Prove (each
+  // of which may hold a handler thread for the Info deadline) this long.
+  static constexpr double kRefusedSeconds = 5.0;
   static constexpr size_t kMaxPeers = 64;
 
   struct Self {
@@ -75,6 +80,9 @@ class Forwarder {
   // Error(kPermissionDenied) when it is not a node of the next layers, or
   // the error that kept it from answering.
   std::shared_ptr<Peer> ProvenPeer(const std::string& address);
+  // Throws Error(kPermissionDenied) unless `proven` serves this model from
+  // the layer after this node's last.
+  void CheckPeer(const ProvenNode& proven, const std::string& address) const;
 
   const ClientOptions options_;
   const Self self_;

@@ -281,6 +281,18 @@ TEST_F(ChainProcessTest, ANodeForwardsOnlyAlongTheRouteToProvenNodesOfTheNextLay
     EXPECT_FALSE(out.has_tail());
     EXPECT_THAT(recorder.bytes(), ::testing::Not(HasSubstr("the-secret-marker-42")));
     EXPECT_THAT(recorder.bytes(), ::testing::Not(HasSubstr(req.session_id())));
+    // The failed proof is remembered: the next step to it is refused at once,
+    // not after another Prove's deadline (the node's Info deadline, 2 s).
+    req = Prefill("the-secret-marker-42");
+    req.add_chain_route(a->address());
+    req.add_chain_route(recorder.address());
+    req.add_chain_route(c->address());
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(call(*stub, req, &out).ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_EQ(out.chain_hop(), 1);
+    EXPECT_NE(out.chain_code(), 0);
+    EXPECT_THAT(recorder.bytes(), ::testing::Not(HasSubstr("the-secret-marker-42")));
   }
   {  // a step sent to b whose route names a at b's place is refused by b
     auto b_stub = pb::MeshNode::NewStub(MakeChannel(b->address(), Client(false)));
