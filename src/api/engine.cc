@@ -224,6 +224,8 @@ GenerationOutcome Engine::Run(const PreparedGeneration& gen, Clock::time_point a
     throw FromMeshError(e);
   }
   out.cached_tokens = static_cast<int>(result.cached_tokens);
+  metrics_.AddRouteUse({result.route_passes, result.route_seconds, result.measured_compute_seconds,
+                        result.drafted, result.accepted});
   if (!stream.stopped()) send(stream.Finish());
   const bool hit_length = !result.stopped && out.completion_tokens >= gen.max_tokens;
   out.finish_reason = hit_length ? "length" : "stop";

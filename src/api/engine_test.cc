@@ -149,6 +149,17 @@ TEST(EnginePrefixCache, TheNextTurnReusesTheKeptSessionAndSaysSo) {
   EXPECT_NE(cached.engine->metrics().Render(0, 0).find("meshnet_api_prompt_tokens_cached_total " +
                                                        std::to_string(second.cached_tokens)),
             std::string::npos);
+  // Every generation's route passes are counted: the plain engine's two
+  // generations took a pass each token (a prefill, then decodes).
+  const std::string text = plain.engine->metrics().Render(0, 0);
+  const std::string series = "\nmeshnet_api_route_passes_total ";
+  const size_t at = text.find(series);
+  ASSERT_NE(at, std::string::npos);
+  const double passes = std::stod(text.substr(at + series.size()));
+  const int tokens = first.completion_tokens + second_plain.completion_tokens;
+  EXPECT_GE(passes, tokens);
+  EXPECT_LE(passes, tokens + 2) << "at most one more pass each: the one that sampled the end";
+  EXPECT_NE(text.find("meshnet_api_draft_tokens_total 0"), std::string::npos);
 }
 
 }  // namespace

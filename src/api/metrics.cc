@@ -39,6 +39,19 @@ ApiMetrics::ApiMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
                         .Help("Prompt tokens whose KV a kept session already held (prefix cache)")
                         .Register(*registry_)
                         .Add({});
+  auto counter = [this](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add({});
+  };
+  route_passes_ = counter("meshnet_api_route_passes_total",
+                          "Passes of steps through the route (prefills, decode and verify steps)");
+  route_seconds_ = counter("meshnet_api_route_seconds_total", "Wall time of the route passes");
+  route_compute_seconds_ =
+      counter("meshnet_api_route_compute_seconds_total",
+              "The hops' own compute in route passes that said it (chain forwarding): the rest of "
+              "their time is links");
+  drafted_ = counter("meshnet_api_draft_tokens_total", "Draft tokens sent to be verified");
+  accepted_ = counter("meshnet_api_draft_tokens_accepted_total",
+                      "Draft tokens the route's tail sampled too (kept)");
   ttft_ = &prometheus::BuildHistogram()
                .Name("meshnet_api_time_to_first_token_seconds")
                .Help("From request arrival to the first generated token")
@@ -70,6 +83,14 @@ void ApiMetrics::CountRequest(const std::string& endpoint, int status) {
 void ApiMetrics::AddTokens(int prompt_tokens, int completion_tokens) {
   prompt_tokens_->Increment(prompt_tokens);
   completion_tokens_->Increment(completion_tokens);
+}
+
+void ApiMetrics::AddRouteUse(const RouteUse& use) {
+  route_passes_->Increment(static_cast<double>(use.passes));
+  route_seconds_->Increment(use.seconds);
+  route_compute_seconds_->Increment(use.compute_seconds);
+  drafted_->Increment(static_cast<double>(use.drafted));
+  accepted_->Increment(static_cast<double>(use.accepted));
 }
 
 void ApiMetrics::AddCachedTokens(int64_t tokens) {

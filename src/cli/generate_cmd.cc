@@ -208,6 +208,22 @@ GenerateRoute MakeGenerateRoute(const GenerateFlags& f,
   return r;
 }
 
+// --output json's "route": passes through the route, their time, tokens per
+// pass, and where the hops said their compute (chain), compute and links.
+nlohmann::ordered_json RouteJson(const mesh::GenerateResult& r) {
+  nlohmann::ordered_json j = {
+      {"passes", r.route_passes},
+      {"seconds", r.route_seconds},
+      {"tokens_per_pass", static_cast<double>(r.generated_ids.size()) /
+                              static_cast<double>(std::max<int64_t>(1, r.route_passes))}};
+  if (r.measured_passes > 0) {
+    j["measured_passes"] = r.measured_passes;
+    j["compute_seconds"] = r.measured_compute_seconds;
+    j["link_seconds"] = std::max(0.0, r.measured_seconds - r.measured_compute_seconds);
+  }
+  return j;
+}
+
 // One generation, streamed to stdout (or printed as JSON at the end).
 int RunOneGeneration(const GenerateFlags& f, mesh::RouteProvider& provider,
                      const model::Tokenizer& tokenizer, const std::vector<int32_t>& prompt_ids,
@@ -251,13 +267,18 @@ int RunOneGeneration(const GenerateFlags& f, mesh::RouteProvider& provider,
                             {"drafted", result.drafted},
                             {"accepted", result.accepted}};
     }
+    out["route"] = RouteJson(result);
     std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   } else {
     PrintNow(assembler.Flush() + "\n");
     if (options.speculate > 0) {
-      std::fprintf(stderr, "meshnet: speculation: %lld of %lld drafts accepted in %lld steps\n",
+      std::fprintf(stderr,
+                   "meshnet: speculation: %lld of %lld drafts accepted in %lld steps, %.2f "
+                   "tokens per route pass\n",
                    static_cast<long long>(result.accepted), static_cast<long long>(result.drafted),
-                   static_cast<long long>(result.verify_steps));
+                   static_cast<long long>(result.verify_steps),
+                   static_cast<double>(result.generated_ids.size()) /
+                       static_cast<double>(std::max<int64_t>(1, result.route_passes)));
     }
   }
   return 0;

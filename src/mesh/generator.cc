@@ -138,7 +138,7 @@ class GenerationLoop {
     if (options_.resume_length > 0) Resume();
     while (static_cast<int>(result_.generated_ids.size()) < options_.max_tokens) {
       if (Stopping()) break;
-      StepOutcome step = NextStep();
+      StepOutcome step = TimedStep();
       if (step.moves > 0) {
         result_.moves += step.moves;
         releaser_.Add(route_);  // the new node holds the session now
@@ -218,6 +218,22 @@ class GenerationLoop {
       return true;
     }
     return false;
+  }
+
+  // NextStep, counted in the result's route passes.
+  StepOutcome TimedStep() {
+    const auto t0 = std::chrono::steady_clock::now();
+    StepOutcome step = NextStep();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++result_.route_passes;
+    result_.route_seconds += seconds;
+    if (step.route_compute_micros >= 0) {
+      ++result_.measured_passes;
+      result_.measured_seconds += seconds;
+      result_.measured_compute_seconds += static_cast<double>(step.route_compute_micros) / 1e6;
+    }
+    return step;
   }
 
   // A prefill of the whole text when needed (in pieces when it is longer than

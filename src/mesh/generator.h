@@ -184,6 +184,15 @@ struct GenerateResult {
   int64_t verify_steps = 0;
   int64_t drafted = 0;
   int64_t accepted = 0;
+  // Passes through the route (prefills, decode and verify steps, failed ones
+  // included) and their wall time on this client. Of them, those whose
+  // answer said every hop's compute time (chain forwarding): their wall time
+  // and that compute; the rest of their time is links (and queues).
+  int64_t route_passes = 0;
+  double route_seconds = 0;
+  int64_t measured_passes = 0;
+  double measured_seconds = 0;
+  double measured_compute_seconds = 0;
 };
 
 GenerateResult Generate(RouteProvider& provider, std::span<const int32_t> prompt_ids,

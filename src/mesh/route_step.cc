@@ -323,6 +323,7 @@ std::optional<StepOutcome> RunChainStep(Route& route, RouteProvider& provider, c
                          std::move(out));
     }
     const size_t i = answer->hop;
+    out.route_compute_micros = answer->route_compute_micros;
     if (i >= route.hops.size()) {
       throw Error(ErrorKind::kBoundaryContract, route.hops[0]->name() + " answered for hop " +
                                                     std::to_string(i) + " of a route of " +

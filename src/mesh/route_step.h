@@ -47,6 +47,8 @@ struct StepOutcome {
   const ShardEndpoint* busy_hop = nullptr;  // some hop refused it for now (admission)
   std::string busy_reason;
   bool interrupted = false;  // a chunked prefill stopped by `stop` between pieces
+  // Every hop's compute time as the hops said (a chain's answer), -1: not said.
+  int64_t route_compute_micros = -1;
 };
 
 // What every request of a session's step carries.

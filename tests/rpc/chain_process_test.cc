@@ -395,6 +395,16 @@ TEST_F(ChainProcessTest, GenerateForwardingChainPrintsTheStarsText) {
     }
     EXPECT_EQ(out[1]["generated_ids"], out[0]["generated_ids"]) << "speculate " << speculate;
     EXPECT_EQ(out[1]["text"], out[0]["text"]);
+    // The chain's passes say the hops' compute; the rest of their time is links.
+    EXPECT_FALSE(out[0]["route"].contains("measured_passes"));
+    EXPECT_EQ(out[1]["route"]["measured_passes"], out[1]["route"]["passes"]);
+    EXPECT_GT(out[1]["route"]["compute_seconds"].get<double>(), 0);
+    EXPECT_GT(out[1]["route"]["link_seconds"].get<double>(), 0);
+    EXPECT_LT(out[1]["route"]["compute_seconds"].get<double>(),
+              out[1]["route"]["seconds"].get<double>());
+    if (std::string(speculate) != "0") {
+      EXPECT_GT(out[1]["route"]["tokens_per_pass"].get<double>(), 1.0);
+    }
   }
   EXPECT_GT(Metric(*a, "meshnet_chain_forwarded_steps_total"), 0);
   const testing::CliResult bad = testing::RunCli(
