@@ -452,7 +452,7 @@ class MeshNodeService final
   // whose answer (the route's) becomes this call's.
   void Chain(const grpc::ServerContext& ctx, const pb::StepRequest& req, pb::StepResponse* out) {
     out->set_chain_hop(req.chain_index());
-    out->set_route_compute_micros(out->compute_micros());
+    out->set_route_compute_micros(req.chain_compute_micros() + out->compute_micros());
     const bool last = req.chain_index() + 1 == req.chain_route_size();
     if (last || !out->has_bundle()) {
       if (last && out->has_tail() && !req.return_id().empty()) {
@@ -469,11 +469,10 @@ class MeshNodeService final
     pb::StepRequest next = req;
     next.clear_tokens();
     next.mutable_bundle()->Swap(out->mutable_bundle());
-    const int64_t own = out->compute_micros();
+    next.set_chain_compute_micros(out->route_compute_micros());
     out->Clear();
     forwarder_.Forward(ctx.deadline(), &next, out);
     core_->counters().chain_forwarded.fetch_add(1, std::memory_order_relaxed);
-    out->set_route_compute_micros(out->route_compute_micros() + own);
   }
 
  public:
