@@ -49,7 +49,7 @@ struct EngineOptions {
   // end.
   int prefix_cache_sessions = 0;
   int speculate = 0;  // mesh::GenerateOptions::speculate (draft tokens per step)
-  std::shared_ptr<mesh::DraftModel> draft;  // mesh::GenerateOptions::draft (null: prompt lookup)
+  std::shared_ptr<mesh::DraftSource> draft;  // mesh::GenerateOptions::draft (null: prompt lookup)
 };
 
 // A generation ready to run.

@@ -41,7 +41,14 @@ class Drafter {
   virtual void Propose(std::span<const int32_t> text, int k, std::vector<int32_t>* out) = 0;
 };
 
-class DraftModel {
+// Where a generation's Drafter comes from (GenerateOptions::draft).
+class DraftSource {
+ public:
+  virtual ~DraftSource() = default;
+  virtual std::unique_ptr<Drafter> NewDrafter() = 0;
+};
+
+class DraftModel final : public DraftSource {
  public:
   // `kv_budget_bytes`: the draft model's KV (its sessions beyond it are
   // evicted: they then draft nothing until re-fed).
@@ -50,7 +57,7 @@ class DraftModel {
   DraftModel(const DraftModel&) = delete;
   DraftModel& operator=(const DraftModel&) = delete;
 
-  std::unique_ptr<Drafter> NewDrafter();
+  std::unique_ptr<Drafter> NewDrafter() override;
   int32_t vocab_size() const { return vocab_size_; }
 
  private:

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "gguf/gguf_reader.h"
@@ -12,6 +13,7 @@
 #include "mesh/generator.h"
 #include "mesh/in_process.h"
 #include "model/tokenizer.h"
+#include "node/identity.h"
 #include "node/layer_range.h"
 #include "util/thread_pool.h"
 
@@ -375,6 +377,80 @@ TEST(Generation, ADraftModelGivesThePlainTokens) {
       }
     }
   }
+}
+
+// Drafts that are right up to a random point and wrong after it (none
+// right, some, all), from a drafter that knows the plain run's text.
+class PatternDrafter final : public Drafter {
+ public:
+  PatternDrafter(const std::vector<int32_t>* text, std::mt19937* rng) : text_(text), rng_(rng) {}
+  void Propose(std::span<const int32_t> text, int k, std::vector<int32_t>* out) override {
+    out->clear();
+    const int right = static_cast<int>((*rng_)() % static_cast<uint32_t>(k + 1));
+    for (int i = 0; i < k && text.size() + i < text_->size(); ++i) {
+      int32_t t = (*text_)[text.size() + i];
+      if (i >= right) t = (t + 1 + static_cast<int32_t>((*rng_)() % 200)) % 512;  // wrong
+      out->push_back(t);
+    }
+  }
+
+ private:
+  const std::vector<int32_t>* text_;
+  std::mt19937* rng_;
+};
+
+class PatternSource final : public DraftSource {
+ public:
+  PatternSource(const std::vector<int32_t>* text, std::mt19937* rng) : text_(text), rng_(rng) {}
+  std::unique_ptr<Drafter> NewDrafter() override {
+    return std::make_unique<PatternDrafter>(text_, rng_);
+  }
+
+ private:
+  const std::vector<int32_t>* text_;
+  std::mt19937* rng_;
+};
+
+// 2,000+ verify steps of random accept/reject patterns over 3 hops: every
+// generation gives the plain tokens, and after it every hop holds exactly
+// the kept text (no hop desynchronised by a rejection).
+TEST(Generation, RandomAcceptAndRejectPatternsNeverDesynchroniseAHop) {
+  InProcessMeshOptions mo;
+  mo.split = node::EvenSplit(3, 5);
+  InProcessMesh mesh(File(), mo, Pool());
+  std::mt19937 rng(2026);
+  int64_t steps = 0;
+  for (int g = 0; g < 40 && steps < 2000; ++g) {
+    std::vector<int32_t> prompt = Prompt();
+    prompt.push_back(10 + g);
+    shard::SamplingContract sampling;
+    sampling.temperature = g % 2 == 0 ? 0.0f : 0.9f;
+    sampling.seed = static_cast<uint64_t>(g);
+    const RunOutput plain = Generate(mesh, prompt, 200, {}, sampling);
+    std::vector<int32_t> text = prompt;
+    text.insert(text.end(), plain.tokens.begin(), plain.tokens.end());
+    FixedRouteProvider provider(mesh.route());
+    GenerateOptions o;
+    o.max_tokens = 200;
+    o.sampling = sampling;
+    o.speculate = 1 + g % 6;
+    o.draft = std::make_shared<PatternSource>(&text, &rng);
+    o.session_id = node::RandomId128();
+    o.session_secret = "s";
+    o.release_at_end = false;
+    const GenerateResult r = mesh::Generate(provider, prompt, o);
+    ASSERT_EQ(r.generated_ids, plain.tokens) << "generation " << g;
+    for (int i = 0; i < 3; ++i) {
+      auto& m = mesh.node(i).manager();
+      ASSERT_EQ(m.Get(o.session_id, 0).seq_len(), static_cast<int64_t>(r.kv_tokens.size()))
+          << "generation " << g << ", hop " << i;
+      m.Release(o.session_id, 0);
+    }
+    steps += r.verify_steps;
+    EXPECT_LT(r.accepted, r.drafted);
+    EXPECT_GT(r.accepted, 0);
+  }
+  EXPECT_GE(steps, 2000);
 }
 
 // Penalties and bias are applied by the client to the tail's row: each token

@@ -45,7 +45,7 @@
 namespace meshnet::mesh {
 
 class CohortCarrier;
-class DraftModel;
+class DraftSource;
 
 struct Route {
   std::vector<std::shared_ptr<ShardEndpoint>> hops;  // head first
@@ -147,7 +147,7 @@ struct GenerateOptions {
   int speculate = 0;
   // The drafts' source (with speculate > 0): a small model of the same
   // vocabulary run in this process (mesh/draft.h); null: prompt lookup.
-  std::shared_ptr<DraftModel> draft;
+  std::shared_ptr<DraftSource> draft;
 };
 
 struct GenerateEvents {

@@ -132,6 +132,19 @@ TEST_F(ChainProcessTest, ChainGivesTheStarsTokensOnOneThreeAndFiveHops) {
       EXPECT_GT(Metric(*nodes.back(), "meshnet_chain_direct_returns_total"), 0)
           << "the tail answered on the Returns stream";
     }
+    // A kept session's hops hold exactly its text after rejected drafts.
+    auto o = Options(64, 0.0f, 4);
+    o.release_at_end = false;
+    o.session_id = node::RandomId128();
+    o.session_secret = "kept";
+    const auto kept = mesh::Generate(*chain, Prompt(2), o);
+    EXPECT_LT(kept.accepted, kept.drafted);
+    for (const auto& hop : kept.final_hops) {
+      EXPECT_EQ(hop->Truncate(o.session_id, o.session_secret, 0, 1 << 20),
+                static_cast<int64_t>(kept.kv_tokens.size()))
+          << hop->name();
+      hop->Release(o.session_id, o.session_secret, 0);
+    }
   }
 }
 
