@@ -72,21 +72,27 @@ struct Answered {
 
 // Runs `req` on hop i (or takes `answered`). A busy or unreachable hop is
 // recorded in `out` (and nullopt returned); other errors propagate.
+// A hop's error as the outcome's busy or dead hop (true); false for any
+// other error, which the caller rethrows.
+bool NoteHopError(const ShardEndpoint& hop, const Error& e, StepOutcome* out) {
+  if (e.kind() == ErrorKind::kResourceExhausted) {
+    out->busy_hop = &hop;
+    out->busy_reason = e.what();
+    return true;
+  }
+  if (e.kind() != ErrorKind::kUnavailable) return false;
+  out->dead_hop = &hop;
+  out->dead_reason = e.what();
+  return true;
+}
+
 std::optional<StepResult> CallHop(Route& route, size_t i, StepRequest req, RouteProvider& provider,
                                   StepOutcome* out, Answered answered = {}) {
   try {
     if (answered.error) std::rethrow_exception(answered.error);
     return StepHop(route, i, std::move(req), provider, &out->moves, std::move(answered.result));
   } catch (const Error& e) {
-    ShardEndpoint& hop = *route.hops[i];
-    if (e.kind() == ErrorKind::kResourceExhausted) {
-      out->busy_hop = &hop;
-      out->busy_reason = e.what();
-      return std::nullopt;
-    }
-    if (e.kind() != ErrorKind::kUnavailable) throw;
-    out->dead_hop = &hop;
-    out->dead_reason = e.what();
+    if (!NoteHopError(*route.hops[i], e, out)) throw;
     return std::nullopt;
   }
 }
@@ -338,13 +344,16 @@ std::optional<StepOutcome> RunChainStep(Route& route, RouteProvider& provider, c
         continue;
       }
     }
-    // The answer as a hop's (its request is never re-sent: marked a prefill).
-    StepRequest answered;
-    answered.prefill = true;
-    std::optional<StepResult> result = CallHop(route, i, std::move(answered), provider, &out,
-                                               {std::move(answer->result), answer->error});
+    if (answer->error) {
+      try {
+        std::rethrow_exception(answer->error);
+      } catch (const Error& e) {
+        if (!NoteHopError(*route.hops[i], e, &out)) throw;
+        return out;
+      }
+    }
     std::optional<shard::BoundaryBundle> bundle;
-    if (!result || !TakeResult(std::move(*result), route, i, &out, &bundle)) return out;
+    if (!TakeResult(std::move(*answer->result), route, i, &out, &bundle)) return out;
     if (!bundle) return out;
     return RunStarFrom(route, provider, head, step_id, prefill, tokens, expected, i + 1,
                        std::move(bundle), std::move(out));
